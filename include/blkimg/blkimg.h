@@ -1,0 +1,315 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libblkimg public API.
+ *
+ * An image is a graph of nodes: a format node (raw, qcow2) over a protocol
+ * node (file), optionally with a backing node. Tools hold the top node.
+ *
+ * Conventions: functions return 0 (or a non-negative count) on success and a
+ * negative errno on failure. Functions that can fail for reasons a user must
+ * read take a bi_error, which receives one human-readable line (without the
+ * program name prefix), e.g. "Could not open 'x.img': No such file or
+ * directory".
+ *
+ * Threading: the block layer runs in one thread (the thread that opened the
+ * images). Concurrency comes from many requests in flight: the aio calls
+ * submit and return; bi_aio_poll() runs completions.
+ */
+#ifndef BLKIMG_H
+#define BLKIMG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define BI_EXPORT __attribute__((visibility("default")))
+
+/* ------------------------------------------------------------------ errors */
+
+typedef struct bi_error {
+    int code;       /* negative errno, 0 if unset */
+    char msg[1024]; /* one line, no trailing newline */
+} bi_error;
+
+BI_EXPORT void bi_error_init(bi_error *err);
+/* Sets err (if err is non-NULL and not already set). If errnum != 0,
+ * ": <strerror(errnum)>" is appended to the formatted message. */
+BI_EXPORT void bi_error_set(bi_error *err, int errnum, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Prefixes an already set message: "<prefix>: <old message>". */
+BI_EXPORT void bi_error_prefix(bi_error *err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* ------------------------------------------------------------ cache / aio */
+
+enum bi_cache {
+    BI_CACHE_WRITEBACK = 0, /* default */
+    BI_CACHE_NONE,          /* O_DIRECT */
+    BI_CACHE_WRITETHROUGH,  /* flush after each write */
+    BI_CACHE_DIRECTSYNC,    /* O_DIRECT + flush after each write */
+    BI_CACHE_UNSAFE,        /* flushes ignored */
+};
+/* Parses qemu-img's -t/-T names; returns 0 or -EINVAL. */
+BI_EXPORT int bi_cache_parse(const char *s, enum bi_cache *out);
+BI_EXPORT const char *bi_cache_name(enum bi_cache c);
+BI_EXPORT bool bi_cache_is_direct(enum bi_cache c);
+
+enum bi_aio {
+    BI_AIO_DEFAULT = 0, /* io_uring where the kernel allows it, else threads */
+    BI_AIO_IO_URING,
+    BI_AIO_THREADS,
+    BI_AIO_NATIVE, /* accepted as qemu does; served by io_uring */
+};
+BI_EXPORT int bi_aio_parse(const char *s, enum bi_aio *out);
+/* Name of the engine actually running ("io_uring" or "threads"). */
+BI_EXPORT const char *bi_aio_engine_name(void);
+/* Chooses the process-wide engine; must be called before the first open. */
+BI_EXPORT int bi_aio_select(enum bi_aio aio, bi_error *err);
+
+/* ------------------------------------------------------------------ nodes */
+
+typedef struct bi_node bi_node;
+
+struct bi_open_opts {
+    const char *format;  /* NULL: probe */
+    enum bi_cache cache; /* data cache mode */
+    bool read_write;
+    bool force_share;    /* -U: take no locks that conflict, share all */
+    bool no_backing;     /* do not open backing files */
+    bool no_lock;        /* take no image locks at all (locking=off) */
+    bool quiet_probe;    /* do not print the raw-probe warning */
+    /* Backing files open with this cache mode ('-T' for convert etc). */
+    enum bi_cache backing_cache;
+    /* Driver options as key=value (QEMU dotted keys without the driver
+     * prefix, e.g. "l2-cache-size"), NULL-terminated; may be NULL. */
+    const char *const *driver_opts;
+};
+BI_EXPORT void bi_open_opts_init(struct bi_open_opts *o);
+
+BI_EXPORT bi_node *bi_open(const char *filename, const struct bi_open_opts *o,
+                           bi_error *err);
+/* Flushes (unless cache=unsafe) and closes the whole graph below node. */
+BI_EXPORT int bi_close(bi_node *node, bi_error *err);
+
+BI_EXPORT const char *bi_node_filename(const bi_node *n);
+BI_EXPORT const char *bi_node_format(const bi_node *n); /* driver name */
+BI_EXPORT bi_node *bi_node_file(bi_node *n);            /* protocol child */
+BI_EXPORT bi_node *bi_node_backing(bi_node *n);
+BI_EXPORT bool bi_node_read_only(const bi_node *n);
+BI_EXPORT bool bi_node_format_probed(const bi_node *n);
+BI_EXPORT int64_t bi_getlength(bi_node *n);
+/* Bytes the node's file occupies on disk (st_blocks * 512), or -errno. */
+BI_EXPORT int64_t bi_allocated_file_size(bi_node *n);
+
+/* ----------------------------------------------------------------- limits */
+
+enum bi_limit_source {
+    BI_SRC_NONE = 0,
+    BI_SRC_BUFFERED, /* no O_DIRECT: no alignment needed */
+    BI_SRC_STATX,    /* statx STATX_DIOALIGN */
+    BI_SRC_BLKSSZGET,
+    BI_SRC_XFS_DIOINFO,
+    BI_SRC_PROBE,    /* probed with reads */
+    BI_SRC_FALLBACK, /* nothing said; max(4096, page size) */
+    BI_SRC_CHILD,    /* inherited from the child node */
+    BI_SRC_DRIVER,   /* the driver's own requirement */
+};
+BI_EXPORT const char *bi_limit_source_name(enum bi_limit_source s);
+
+struct bi_limits {
+    uint32_t request_alignment; /* offsets/lengths must be multiples */
+    enum bi_limit_source request_alignment_source;
+    uint32_t min_mem_alignment; /* below it: bounce */
+    uint32_t opt_mem_alignment; /* what we allocate with (>= page size) */
+    enum bi_limit_source mem_alignment_source;
+    uint64_t max_transfer; /* bytes per I/O; 0 = no limit */
+    uint32_t max_iov;      /* iovec entries per I/O */
+};
+BI_EXPORT const struct bi_limits *bi_node_limits(const bi_node *n);
+
+/* What `blkimg probe` shows, for a protocol node (file). */
+struct bi_storage_info {
+    uint32_t page_size;
+    char filesystem[32]; /* "ext4", "xfs", "tmpfs", "block device", ... */
+    uint32_t logical_sector_size;  /* 0 if unknown */
+    uint32_t physical_sector_size; /* 0 if unknown */
+    bool is_block_device;
+};
+BI_EXPORT int bi_storage_info(bi_node *n, struct bi_storage_info *out);
+
+/* Per-node counters (for --stats). */
+struct bi_stats {
+    uint64_t io_calls;      /* I/Os submitted to the kernel */
+    uint64_t bytes_read;    /* bytes read from the kernel */
+    uint64_t bytes_written; /* bytes written to the kernel */
+    uint64_t bounced_bytes; /* bytes copied through bounce buffers */
+    uint64_t rmw_ops;       /* read-modify-write padding operations */
+    uint64_t serialised_waits; /* requests that waited on overlap */
+};
+BI_EXPORT void bi_node_stats(const bi_node *n, struct bi_stats *out);
+
+/* Memory for I/O, aligned to the node's optimal memory alignment. */
+BI_EXPORT void *bi_blockalign(bi_node *n, size_t size);
+BI_EXPORT void bi_free_aligned(void *p);
+BI_EXPORT size_t bi_page_size(void);
+
+/* -------------------------------------------------------------------- I/O */
+
+enum bi_req_flags {
+    BI_REQ_FUA = 1 << 0,
+    BI_REQ_MAY_UNMAP = 1 << 1, /* write zeroes may punch holes */
+    BI_REQ_NO_FALLBACK = 1 << 2, /* write zeroes must be fast or -ENOTSUP */
+};
+
+BI_EXPORT int bi_pread(bi_node *n, uint64_t off, void *buf, size_t len);
+BI_EXPORT int bi_pwrite(bi_node *n, uint64_t off, const void *buf, size_t len,
+                        int flags);
+BI_EXPORT int bi_preadv(bi_node *n, uint64_t off, const struct iovec *iov,
+                        int iovcnt);
+BI_EXPORT int bi_pwritev(bi_node *n, uint64_t off, const struct iovec *iov,
+                         int iovcnt, int flags);
+BI_EXPORT int bi_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len,
+                               int flags);
+BI_EXPORT int bi_pdiscard(bi_node *n, uint64_t off, uint64_t len);
+BI_EXPORT int bi_flush(bi_node *n);
+
+enum bi_prealloc {
+    BI_PREALLOC_OFF = 0,
+    BI_PREALLOC_METADATA,
+    BI_PREALLOC_FALLOC,
+    BI_PREALLOC_FULL,
+};
+BI_EXPORT int bi_prealloc_parse(const char *s, enum bi_prealloc *out);
+BI_EXPORT const char *bi_prealloc_name(enum bi_prealloc p);
+BI_EXPORT int bi_truncate(bi_node *n, uint64_t size, bool exact,
+                          enum bi_prealloc prealloc, bi_error *err);
+
+/* Asynchronous requests. The iovec array and buffers must stay valid until
+ * the callback runs. Callbacks run inside bi_aio_poll(). */
+typedef void bi_aio_cb(void *opaque, int ret);
+BI_EXPORT void bi_aio_preadv(bi_node *n, uint64_t off, const struct iovec *iov,
+                             int iovcnt, bi_aio_cb *cb, void *opaque);
+BI_EXPORT void bi_aio_pwritev(bi_node *n, uint64_t off,
+                              const struct iovec *iov, int iovcnt, int flags,
+                              bi_aio_cb *cb, void *opaque);
+BI_EXPORT void bi_aio_flush(bi_node *n, bi_aio_cb *cb, void *opaque);
+BI_EXPORT void bi_aio_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len,
+                                    int flags, bi_aio_cb *cb, void *opaque);
+BI_EXPORT void bi_aio_pdiscard(bi_node *n, uint64_t off, uint64_t len,
+                               bi_aio_cb *cb, void *opaque);
+/* Runs ready completions; with blocking, waits for at least one event if
+ * any request is in flight. Returns the number of requests in flight. */
+BI_EXPORT int bi_aio_poll(bool blocking);
+/* Waits until no request is in flight. */
+BI_EXPORT void bi_aio_drain(void);
+BI_EXPORT int bi_aio_in_flight(void);
+
+/* Runs fn(arg) on a worker thread, from a request context it waits (the
+ * caller's coroutine yields); from outside it just blocks. For CPU work
+ * such as compression. Returns fn's result. */
+BI_EXPORT int bi_run_in_thread(int (*fn)(void *), void *arg);
+
+/* ----------------------------------------------------------- block status */
+
+enum bi_status_flags {
+    BI_BS_DATA = 1 << 0,         /* reads return data (not known zero) */
+    BI_BS_ZERO = 1 << 1,         /* reads return zeroes */
+    BI_BS_ALLOCATED = 1 << 2,    /* allocated in this layer */
+    BI_BS_OFFSET_VALID = 1 << 3, /* offset/file are valid */
+    BI_BS_COMPRESSED = 1 << 4,
+    BI_BS_EOF = 1 << 5,          /* range ends at end of image */
+};
+struct bi_status {
+    uint64_t len;    /* bytes of one kind from the queried offset */
+    unsigned flags;  /* bi_status_flags */
+    uint64_t offset; /* host offset in file, if OFFSET_VALID */
+    bi_node *file;   /* node holding the data, if OFFSET_VALID */
+    int depth;       /* (above) how many backing levels down, 0 = top */
+};
+/* Status of this node only: unallocated ranges are not looked up in the
+ * backing chain. */
+BI_EXPORT int bi_block_status(bi_node *n, uint64_t off, uint64_t len,
+                              struct bi_status *st);
+/* Status through the backing chain down to (excluding) base; NULL = all. */
+BI_EXPORT int bi_block_status_above(bi_node *n, bi_node *base, uint64_t off,
+                                    uint64_t len, struct bi_status *st);
+
+/* --------------------------------------------------------------- creation */
+
+struct bi_create_opts {
+    const char *format;   /* "raw", "qcow2" */
+    uint64_t size;
+    bool size_set;
+    enum bi_prealloc prealloc;
+    /* Format options as given with -o, "key=value" strings in order,
+     * NULL-terminated, e.g. "cluster_size=65536". size and preallocation
+     * may appear here too. */
+    const char *const *options;
+    const char *backing_file;
+    const char *backing_fmt;
+    bool quiet;
+};
+/* Prints "Formatting 'f', fmt=... " unless quiet, as qemu-img does. */
+BI_EXPORT int bi_create(const char *filename, const struct bi_create_opts *o,
+                        bi_error *err);
+/* The option list qemu-img prints for "-o help" / in the Formatting line,
+ * per format: returns 0 or -ENOENT for an unknown format. */
+BI_EXPORT int bi_format_exists(const char *format);
+
+/* ------------------------------------------------------------------- info */
+
+enum bi_kv_type { BI_KV_STR, BI_KV_INT, BI_KV_BOOL, BI_KV_JSON };
+struct bi_kv {
+    char json_key[48];  /* key in "format-specific"."data" */
+    char human_key[48]; /* key in the human text */
+    enum bi_kv_type type;
+    char str[512];      /* STR value, or a raw JSON value for BI_KV_JSON */
+    int64_t num;        /* INT value; BOOL as 0/1 */
+};
+struct bi_snapshot_info {
+    char id[128];
+    char name[256];
+    uint64_t vm_state_size;
+    uint64_t date_sec;
+    uint32_t date_nsec;
+    uint64_t vm_clock_nsec;
+    uint64_t icount; /* UINT64_MAX if absent */
+};
+struct bi_image_info {
+    char format[32];
+    uint64_t virtual_size;
+    int64_t actual_size; /* -1 if unknown */
+    uint64_t cluster_size; /* 0 if none */
+    bool encrypted;
+    bool has_dirty_flag;
+    bool dirty_flag;
+    char backing_filename[1024];      /* as stored in the image */
+    char full_backing_filename[4096]; /* resolved */
+    char backing_format[32];
+    /* "format-specific" (type = format name) */
+    int n_specific;
+    struct bi_kv specific[32];
+    int n_snapshots;
+    struct bi_snapshot_info *snapshots; /* malloc'd; freed by bi_info_free */
+};
+BI_EXPORT int bi_get_info(bi_node *n, struct bi_image_info *info,
+                          bi_error *err);
+BI_EXPORT void bi_info_free(struct bi_image_info *info);
+
+/* ------------------------------------------------------------ utilities */
+
+/* qemu-img size parsing: "1G", "512", "1.5M", "1T"... Returns 0, -EINVAL
+ * (not a number / bad suffix) or -ERANGE (too large). */
+BI_EXPORT int bi_parse_size(const char *s, uint64_t *out);
+/* qemu's human size: "1 GiB", "512 B", "1.5 MiB" (size_to_str). */
+BI_EXPORT void bi_format_size(uint64_t v, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,189 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The generic block layer's internal view: nodes and driver tables.
+ *
+ * A protocol driver (file) does real I/O on requests the generic layer has
+ * already aligned (offset, length and memory) and split.
+ *
+ * A format driver (raw, qcow2) does no data I/O of its own: it MAPS a guest
+ * range to one extent (the longest run of one kind from the offset) and the
+ * generic layer moves the data. Writes that allocate return the new host
+ * run plus any copy-on-write head/tail bytes; the generic layer writes
+ * head + guest data + tail as one vectored I/O and then calls co_write_done
+ * so that the driver commits its metadata.
+ *
+ * Every co_* operation runs in a coroutine and may yield.
+ */
+#ifndef BI_BLOCK_H
+#define BI_BLOCK_H
+
+#include "blkimg/blkimg.h"
+#include "util/coroutine.h"
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/queue.h>
+#include <sys/uio.h>
+
+enum bi_extent_kind {
+    BI_EXT_DATA,       /* host_offset on host node, host-contiguous */
+    BI_EXT_ZERO,       /* reads as zeroes */
+    BI_EXT_UNALLOC,    /* not allocated here: backing file, else zeroes */
+    BI_EXT_COMPRESSED, /* one compressed cluster (len <= cluster) */
+};
+
+struct bi_extent {
+    enum bi_extent_kind kind;
+    uint64_t len;       /* guest bytes from the mapped offset */
+    bi_node *host;      /* DATA: node holding the bytes (file/data file) */
+    uint64_t host_offset; /* DATA: where the mapped offset lives */
+    /* BI_MAP_WRITE only: bytes to write just before / after the guest
+     * data, in the same vectored write (copy-on-write of partial clusters).
+     * Buffers are driver-allocated (bi_blockalign) and freed in
+     * co_write_done. */
+    void *cow_head;
+    uint64_t cow_head_len;
+    void *cow_tail;
+    uint64_t cow_tail_len;
+    /* The data write must be followed by a flush of host before
+     * co_write_done (e.g. writethrough metadata ordering). */
+    bool flush_before_done;
+    void *cookie; /* driver-private, handed back to co_write_done */
+};
+
+enum bi_map_flags {
+    BI_MAP_READ = 0,
+    BI_MAP_WRITE = 1 << 0, /* allocate as needed; len may be cut short */
+};
+
+struct bi_check_result; /* format-specific; see blkimg/check.h */
+
+struct bi_driver {
+    const char *name;
+    bool is_protocol;
+    size_t state_size; /* bytes of n->opaque, zeroed before open */
+
+    /* Format probing: a score 0..100 for the first bytes of the file. */
+    int (*probe)(const uint8_t *buf, size_t len, const char *filename);
+
+    /* Formats: n->file is open before this is called. Protocols: open
+     * n->filename. Sets n->size. */
+    int (*open)(bi_node *n, const struct bi_open_opts *o, bi_error *err);
+    void (*close)(bi_node *n);
+    int (*create)(const char *filename, const struct bi_create_opts *o,
+                  bi_error *err);
+    /* Fills n->limits (protocols: detection; formats: usually from
+     * children, plus their own granularity). */
+    void (*refresh_limits)(bi_node *n);
+
+    /* Protocols: aligned, memory-aligned, at most max_transfer. Return 0
+     * or -errno (a short read past EOF is zero-filled by the driver). */
+    int (*co_preadv)(bi_node *n, uint64_t off, uint64_t len,
+                     const struct iovec *iov, int iovcnt);
+    int (*co_pwritev)(bi_node *n, uint64_t off, uint64_t len,
+                      const struct iovec *iov, int iovcnt, int flags);
+
+    /* Formats: map guest [off, off+len) from off; ext->len > 0. */
+    int (*co_map)(bi_node *n, uint64_t off, uint64_t len, unsigned flags,
+                  struct bi_extent *ext);
+    /* After the data write of a BI_MAP_WRITE extent (ret = its result). */
+    int (*co_write_done)(bi_node *n, struct bi_extent *ext, int ret);
+    /* Reads [off, off+len) lying in one BI_EXT_COMPRESSED extent. */
+    int (*co_read_compressed)(bi_node *n, const struct bi_extent *ext,
+                              uint64_t off, uint64_t len,
+                              const struct iovec *iov, int iovcnt);
+    /* Writes one whole cluster compressed (or the tail cluster). */
+    int (*co_pwrite_compressed)(bi_node *n, uint64_t off, const void *buf,
+                                uint64_t len);
+    /* Serialisation granularity for writes (formats; 0 = none). */
+    uint64_t (*write_granularity)(bi_node *n);
+
+    /* Both kinds. */
+    int (*co_pwrite_zeroes)(bi_node *n, uint64_t off, uint64_t len,
+                            int flags);
+    int (*co_pdiscard)(bi_node *n, uint64_t off, uint64_t len);
+    int (*co_flush)(bi_node *n); /* own state only; the generic layer
+                                    flushes the children after */
+    int (*co_truncate)(bi_node *n, uint64_t size, bool exact,
+                       enum bi_prealloc prealloc, bi_error *err);
+    int (*co_block_status)(bi_node *n, uint64_t off, uint64_t len,
+                           struct bi_status *st);
+    int64_t (*get_allocated_file_size)(bi_node *n);
+    int (*get_info)(bi_node *n, struct bi_image_info *info, bi_error *err);
+    int (*storage_info)(bi_node *n, struct bi_storage_info *out);
+    int (*check)(bi_node *n, struct bi_check_result *res, int fix,
+                 bi_error *err);
+};
+
+/* A write (or RMW) in flight, for overlap serialisation. */
+struct bi_tracked_req {
+    uint64_t start, end; /* padded range */
+    bool serialising;
+    bi_co_queue waiters;
+    LIST_ENTRY(bi_tracked_req) link;
+};
+
+struct bi_node {
+    const struct bi_driver *drv;
+    void *opaque;
+    char *filename;
+    char *backing_filename;  /* as stored (formats) */
+    char *backing_format;
+    bi_node *file;    /* protocol child of a format node */
+    bi_node *backing; /* backing node, or NULL */
+    bi_node *parent;
+    uint64_t size;
+    bool read_only;
+    bool format_probed; /* raw guessed by probing */
+    enum bi_cache cache;
+    struct bi_open_opts opts; /* as opened (strings not owned) */
+    struct bi_limits limits;
+    struct bi_stats stats;
+    LIST_HEAD(, bi_tracked_req) tracked;
+};
+
+/* Registry */
+const struct bi_driver *bi_driver_find(const char *name);
+extern const struct bi_driver bi_drv_file;
+extern const struct bi_driver bi_drv_raw;
+extern const struct bi_driver bi_drv_qcow2;
+
+/* Opens a protocol node on filename (used by format drivers for external
+ * data files and by the generic open). */
+bi_node *bi_open_protocol(const char *filename, const struct bi_open_opts *o,
+                          bi_error *err);
+/* Opens a node with an explicit format over filename (backing files). */
+bi_node *bi_open_node(const char *filename, const char *format,
+                      const struct bi_open_opts *o, bi_error *err);
+void bi_node_free(bi_node *n);
+
+/* Coroutine versions of the public I/O calls: the generic request path.
+ * Any alignment, any buffer. */
+int bi_co_preadv(bi_node *n, uint64_t off, uint64_t len,
+                 const struct iovec *iov, int iovcnt);
+int bi_co_pwritev(bi_node *n, uint64_t off, uint64_t len,
+                  const struct iovec *iov, int iovcnt, int flags);
+int bi_co_pread(bi_node *n, uint64_t off, void *buf, uint64_t len);
+int bi_co_pwrite(bi_node *n, uint64_t off, const void *buf, uint64_t len,
+                 int flags);
+int bi_co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags);
+int bi_co_pdiscard(bi_node *n, uint64_t off, uint64_t len);
+int bi_co_flush(bi_node *n);
+int bi_co_block_status(bi_node *n, uint64_t off, uint64_t len,
+                       struct bi_status *st);
+/* Writes a compressed cluster through the format driver. */
+int bi_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
+                            uint64_t len);
+
+/* Runs fn(arg) in a fresh coroutine and waits for it (from the main
+ * context: polls the loop; from a coroutine: calls fn directly). */
+int bi_run_co(int (*fn)(void *arg), void *arg);
+
+/* Stats helpers used by drivers. */
+static inline void bi_stats_io(bi_node *n, uint64_t rd, uint64_t wr)
+{
+    n->stats.io_calls++;
+    n->stats.bytes_read += rd;
+    n->stats.bytes_written += wr;
+}
+
+#endif

@@ -1,0 +1,100 @@
+/* SPDX-License-Identifier: MIT */
+/* Small helpers shared by every layer. */
+#ifndef BI_UTIL_H
+#define BI_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <sys/uio.h>
+
+#define BI_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define BI_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define BI_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define BI_UNUSED(x) ((void)(x))
+
+/* ---- alignment arithmetic (a must be a power of two unless noted) ---- */
+static inline bool bi_is_pow2(uint64_t a) { return a && !(a & (a - 1)); }
+static inline uint64_t bi_align_down(uint64_t v, uint64_t a)
+{
+    return v / a * a; /* any a > 0 */
+}
+static inline uint64_t bi_align_up(uint64_t v, uint64_t a)
+{
+    return (v + a - 1) / a * a; /* any a > 0 */
+}
+static inline bool bi_is_aligned(uint64_t v, uint64_t a) { return v % a == 0; }
+static inline bool bi_ptr_aligned(const void *p, uint64_t a)
+{
+    return ((uintptr_t)p % a) == 0;
+}
+
+/* True if every iov base and length meets mem/len alignment. */
+bool bi_iov_aligned(const struct iovec *iov, int iovcnt, uint64_t mem_align,
+                    uint64_t len_align);
+uint64_t bi_iov_size(const struct iovec *iov, int iovcnt);
+/* Copies between an iovec (from byte offset) and a flat buffer. */
+void bi_iov_to_buf(const struct iovec *iov, int iovcnt, uint64_t off,
+                   void *buf, uint64_t len);
+void bi_iov_from_buf(const struct iovec *iov, int iovcnt, uint64_t off,
+                     const void *buf, uint64_t len);
+void bi_iov_memset(const struct iovec *iov, int iovcnt, uint64_t off, int c,
+                   uint64_t len);
+/* Fills out[] with the sub-vector [off, off+len) of iov; returns its
+ * entry count or -EINVAL if more than max entries would be needed. */
+int bi_iov_slice(const struct iovec *iov, int iovcnt, uint64_t off,
+                 uint64_t len, struct iovec *out, int max);
+/* True if all bytes of buf are zero (fast). */
+bool bi_buf_is_zero(const void *buf, size_t len);
+
+/* ---- memory ---- */
+size_t bi_page_size(void); /* sysconf(_SC_PAGESIZE), cached */
+/* posix_memalign wrapper; align is raised to at least sizeof(void*). */
+void *bi_alloc_aligned(size_t align, size_t size);
+void bi_free_aligned(void *p);
+/* malloc that aborts on failure (for small fixed bookkeeping only). */
+void *bi_xmalloc(size_t size);
+void *bi_xzalloc(size_t size);
+char *bi_xstrdup(const char *s);
+char *bi_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ---- sizes ---- */
+int bi_parse_size(const char *s, uint64_t *out);
+void bi_format_size(uint64_t v, char *buf, size_t len);
+
+/* ---- -o option lists: "a=1,b=x,,y" (",," escapes a comma) ---- */
+struct bi_opt {
+    char *key;
+    char *value; /* NULL for a bare key */
+};
+struct bi_optlist {
+    int n;
+    struct bi_opt *v;
+};
+/* Appends the options of s to l; returns 0 or -EINVAL. */
+int bi_optlist_parse(struct bi_optlist *l, const char *s);
+const char *bi_optlist_get(const struct bi_optlist *l, const char *key);
+void bi_optlist_free(struct bi_optlist *l);
+
+/* ---- JSON output in qemu's layout (4-space indent, "key": value) ---- */
+struct bi_json {
+    FILE *out;
+    int depth;
+    bool first[32];
+    bool pretty;
+};
+void bi_json_init(struct bi_json *j, FILE *out, bool pretty);
+void bi_json_begin_object(struct bi_json *j, const char *key);
+void bi_json_end_object(struct bi_json *j);
+void bi_json_begin_array(struct bi_json *j, const char *key);
+void bi_json_end_array(struct bi_json *j);
+void bi_json_str(struct bi_json *j, const char *key, const char *v);
+void bi_json_int(struct bi_json *j, const char *key, int64_t v);
+void bi_json_uint(struct bi_json *j, const char *key, uint64_t v);
+void bi_json_bool(struct bi_json *j, const char *key, bool v);
+void bi_json_raw(struct bi_json *j, const char *key, const char *raw);
+/* Writes s as a JSON string literal with quotes. */
+void bi_json_write_string(FILE *out, const char *s);
+
+#endif

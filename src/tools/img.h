@@ -1,0 +1,23 @@
+/* SPDX-License-Identifier: MIT */
+/* blkimg subcommands: each lives in its own img_<name>.c and is listed in
+ * the dispatch table of blkimg.c. Each returns the process exit code. */
+#ifndef BI_TOOLS_IMG_H
+#define BI_TOOLS_IMG_H
+
+int img_create(int argc, char **argv);
+int img_info(int argc, char **argv);
+int img_map(int argc, char **argv);
+int img_bench(int argc, char **argv);
+int img_probe(int argc, char **argv);
+int img_check(int argc, char **argv);
+int img_snapshot(int argc, char **argv);
+int img_convert(int argc, char **argv);
+int img_compare(int argc, char **argv);
+int img_measure(int argc, char **argv);
+int img_resize(int argc, char **argv);
+int img_rebase(int argc, char **argv);
+int img_commit(int argc, char **argv);
+int img_amend(int argc, char **argv);
+int img_dd(int argc, char **argv);
+
+#endif
