@@ -143,6 +143,10 @@ struct bi_node {
 
 /* Registry */
 const struct bi_driver *bi_driver_find(const char *name);
+/* The format driver whose probe scores highest on the first bytes of an
+ * image (raw if none claims it). */
+const struct bi_driver *bi_probe_format(const uint8_t *buf, size_t len,
+                                        const char *filename);
 extern const struct bi_driver bi_drv_file;
 extern const struct bi_driver bi_drv_raw;
 extern const struct bi_driver bi_drv_qcow2;

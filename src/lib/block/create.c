@@ -1,1 +1,121 @@
 /* SPDX-License-Identifier: MIT */
+/* Image creation: option bookkeeping and qemu-img's "Formatting" line;
+ * the format driver does the work. */
+#include "block/block.h"
+#include "util/util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct line_key {
+    const char *key;
+    const char *def; /* printed when not given; NULL: only when given */
+    bool is_size;
+};
+
+/* qemu-img 7.2 prints the creation options in its option table order. */
+static const struct line_key raw_keys[] = {
+    {"size", "", true},
+    {"preallocation", NULL, false},
+    {NULL, NULL, false},
+};
+static const struct line_key qcow2_keys[] = {
+    {"cluster_size", "65536", true},
+    {"extended_l2", "off", false},
+    {"preallocation", NULL, false},
+    {"compression_type", "zlib", false},
+    {"size", "", true},
+    {"compat", NULL, false},
+    {"backing_file", NULL, false},
+    {"backing_fmt", NULL, false},
+    {"data_file", NULL, false},
+    {"data_file_raw", NULL, false},
+    {"lazy_refcounts", "off", false},
+    {"refcount_bits", "16", false},
+    {NULL, NULL, false},
+};
+
+static void print_formatting_line(const char *filename,
+                                  const struct bi_create_opts *o,
+                                  const struct bi_optlist *l)
+{
+    const struct line_key *keys = !strcmp(o->format, "qcow2") ? qcow2_keys
+                                                              : raw_keys;
+    printf("Formatting '%s', fmt=%s", filename, o->format);
+    for (const struct line_key *k = keys; k->key; k++) {
+        const char *v = bi_optlist_get(l, k->key);
+        char num[32];
+        if (!strcmp(k->key, "size")) {
+            snprintf(num, sizeof(num), "%llu", (unsigned long long)o->size);
+            v = num;
+        } else if (!strcmp(k->key, "backing_file") && o->backing_file) {
+            v = o->backing_file;
+        } else if (!strcmp(k->key, "backing_fmt") && o->backing_fmt) {
+            v = o->backing_fmt;
+        } else if (!strcmp(k->key, "preallocation") && !v &&
+                   o->prealloc != BI_PREALLOC_OFF) {
+            v = bi_prealloc_name(o->prealloc);
+        } else if (v && k->is_size) {
+            uint64_t s;
+            if (bi_parse_size(v, &s) == 0) {
+                snprintf(num, sizeof(num), "%llu", (unsigned long long)s);
+                v = num;
+            }
+        }
+        if (!v)
+            v = k->def;
+        if (v)
+            printf(" %s=%s", k->key, v);
+    }
+    printf("\n");
+    fflush(stdout);
+}
+
+int bi_create(const char *filename, const struct bi_create_opts *o,
+              bi_error *err)
+{
+    const struct bi_driver *drv = bi_driver_find(o->format);
+    if (!drv || drv->is_protocol) {
+        bi_error_set(err, 0, "Unknown file format '%s'", o->format);
+        return -EINVAL;
+    }
+    if (!drv->create) {
+        bi_error_set(err, 0, "Format driver '%s' does not support image "
+                             "creation",
+                     o->format);
+        return -ENOTSUP;
+    }
+    struct bi_optlist l = {0};
+    for (const char *const *p = o->options; p && *p; p++) {
+        if (bi_optlist_parse(&l, *p) < 0) {
+            bi_error_set(err, 0, "Invalid options: '%s'", *p);
+            bi_optlist_free(&l);
+            return -EINVAL;
+        }
+    }
+    struct bi_create_opts co = *o;
+    const char *pre = bi_optlist_get(&l, "preallocation");
+    if (pre && bi_prealloc_parse(pre, &co.prealloc) < 0) {
+        bi_error_set(err, 0,
+                     "Parameter 'preallocation' does not accept value '%s'",
+                     pre);
+        bi_optlist_free(&l);
+        return -EINVAL;
+    }
+    const char *bf = bi_optlist_get(&l, "backing_file");
+    if (bf && !co.backing_file)
+        co.backing_file = bf;
+    const char *bfmt = bi_optlist_get(&l, "backing_fmt");
+    if (bfmt && !co.backing_fmt)
+        co.backing_fmt = bfmt;
+    if (!o->quiet)
+        print_formatting_line(filename, &co, &l);
+    int ret = drv->create(filename, &co, err);
+    if (ret < 0 && err && err->msg[0] &&
+        strncmp(err->msg, filename, strlen(filename)) != 0)
+        bi_error_prefix(err, "%s", filename);
+    bi_optlist_free(&l);
+    return ret;
+}

@@ -1,1 +1,45 @@
 /* SPDX-License-Identifier: MIT */
+/* Image information (qemu-img info's fields); the driver adds its own. */
+#include "block/block.h"
+#include "util/util.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+int bi_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
+{
+    memset(info, 0, sizeof(*info));
+    snprintf(info->format, sizeof(info->format), "%s", n->drv->name);
+    info->virtual_size = n->size;
+    info->actual_size = bi_allocated_file_size(n);
+    if (info->actual_size < 0)
+        info->actual_size = -1;
+    if (n->backing_filename && n->backing_filename[0]) {
+        snprintf(info->backing_filename, sizeof(info->backing_filename), "%s",
+                 n->backing_filename);
+        if (n->backing) {
+            snprintf(info->full_backing_filename,
+                     sizeof(info->full_backing_filename), "%s",
+                     n->backing->filename);
+        } else if (n->backing_filename[0] == '/') {
+            snprintf(info->full_backing_filename,
+                     sizeof(info->full_backing_filename), "%s",
+                     n->backing_filename);
+        }
+    }
+    if (n->backing_format)
+        snprintf(info->backing_format, sizeof(info->backing_format), "%s",
+                 n->backing_format);
+    if (n->drv->get_info)
+        return n->drv->get_info(n, info, err);
+    return 0;
+}
+
+void bi_info_free(struct bi_image_info *info)
+{
+    free(info->snapshots);
+    info->snapshots = NULL;
+    info->n_snapshots = 0;
+}

@@ -1,1 +1,672 @@
 /* SPDX-License-Identifier: MIT */
+/*
+ * The generic request path: one path for every driver.
+ *
+ * Format nodes: the driver maps the guest range to extents; each extent is
+ * one I/O on the host node (or zeroes, or the backing chain, or a
+ * compressed cluster). Protocol nodes: requests are checked against the
+ * node's limits; aligned requests from buffers that meet the minimum
+ * memory alignment go to the driver as they are (split only above the max
+ * transfer), anything else goes through a bounce buffer of the optimal
+ * alignment, with read-modify-write of partial head and tail blocks.
+ * Writes are tracked so that a read-modify-write never races an
+ * overlapping write.
+ */
+#include "block/block.h"
+#include "block/io_plan.h"
+#include "io/aio.h"
+#include "util/util.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BOUNCE_CHUNK (1024 * 1024)
+#define IOV_STACK 64
+
+/* ----------------------------------------------------- overlap tracking */
+
+static bool overlaps(const struct bi_tracked_req *a, uint64_t start,
+                     uint64_t end)
+{
+    return a->start < end && start < a->end;
+}
+
+/* Waits until no conflicting request overlaps [start, end), then tracks
+ * req. Two requests conflict when either is serialising. */
+static void track_begin(bi_node *n, struct bi_tracked_req *req, uint64_t start,
+                        uint64_t end, bool serialising)
+{
+    req->start = start;
+    req->end = end;
+    req->serialising = serialising;
+    bi_co_queue_init(&req->waiters);
+retry:
+    for (struct bi_tracked_req *o = LIST_FIRST(&n->tracked); o;
+         o = LIST_NEXT(o, link)) {
+        if (overlaps(o, start, end) && (o->serialising || serialising)) {
+            n->stats.serialised_waits++;
+            bi_co_queue_wait(&o->waiters);
+            goto retry;
+        }
+    }
+    LIST_INSERT_HEAD(&n->tracked, req, link);
+}
+
+static void track_end(struct bi_tracked_req *req)
+{
+    LIST_REMOVE(req, link);
+    bi_co_queue_wake_all(&req->waiters);
+}
+
+/* --------------------------------------------------------- iov slicing */
+
+struct iov_slice {
+    struct iovec stack[IOV_STACK];
+    struct iovec *v;
+    int cnt;
+};
+
+/* Builds [prefix] + iov[off, off+len) + [suffix]. */
+static int slice_make(struct iov_slice *s, const struct iovec *iov,
+                      int iovcnt, uint64_t off, uint64_t len, void *prefix,
+                      uint64_t prefix_len, void *suffix, uint64_t suffix_len)
+{
+    int max = iovcnt + 2;
+    s->v = max <= IOV_STACK ? s->stack : malloc(max * sizeof(*s->v));
+    if (!s->v)
+        return -ENOMEM;
+    int c = 0;
+    if (prefix_len)
+        s->v[c++] = (struct iovec){prefix, prefix_len};
+    int r = len ? bi_iov_slice(iov, iovcnt, off, len, s->v + c, max - c) : 0;
+    if (r < 0)
+        return r;
+    c += r;
+    if (suffix_len)
+        s->v[c++] = (struct iovec){suffix, suffix_len};
+    s->cnt = c;
+    return 0;
+}
+
+static void slice_free(struct iov_slice *s)
+{
+    if (s->v != s->stack)
+        free(s->v);
+}
+
+/* ----------------------------------------------------- protocol nodes */
+
+static int proto_direct(bi_node *n, bool write, uint64_t off, uint64_t len,
+                        const struct iovec *iov, int iovcnt, int flags)
+{
+    const struct bi_limits *l = &n->limits;
+    uint64_t max = bi_max_chunk(l);
+    if (len <= max && (uint32_t)iovcnt <= (l->max_iov ? l->max_iov : 1024)) {
+        return write ? n->drv->co_pwritev(n, off, len, iov, iovcnt, flags)
+                     : n->drv->co_preadv(n, off, len, iov, iovcnt);
+    }
+    /* Split above the max transfer (or too many iov entries). */
+    uint64_t done = 0;
+    while (done < len) {
+        uint64_t chunk = BI_MIN(max, len - done);
+        struct iov_slice s;
+        int ret = slice_make(&s, iov, iovcnt, done, chunk, NULL, 0, NULL, 0);
+        if (ret == 0 && l->max_iov && (uint32_t)s.cnt > l->max_iov) {
+            /* Cut the chunk at the last iov boundary that fits. */
+            uint64_t fit = 0;
+            for (uint32_t i = 0; i < l->max_iov; i++)
+                fit += s.v[i].iov_len;
+            fit = bi_align_down(fit, l->request_alignment);
+            if (fit == 0)
+                ret = -EINVAL;
+            chunk = fit;
+            s.cnt = (int)l->max_iov;
+            slice_free(&s);
+            if (ret == 0)
+                ret = slice_make(&s, iov, iovcnt, done, chunk, NULL, 0, NULL,
+                                 0);
+        }
+        if (ret == 0)
+            ret = write ? n->drv->co_pwritev(n, off + done, chunk, s.v, s.cnt,
+                                             flags)
+                        : n->drv->co_preadv(n, off + done, chunk, s.v, s.cnt);
+        slice_free(&s);
+        if (ret < 0)
+            return ret;
+        done += chunk;
+    }
+    return 0;
+}
+
+/* Reads or writes [off, off+len) of the caller's iov through an aligned
+ * bounce buffer, chunk by chunk, with read-modify-write of partial blocks. */
+static int proto_bounce(bi_node *n, bool write, uint64_t off, uint64_t len,
+                        const struct iovec *iov, int iovcnt, int flags)
+{
+    const struct bi_limits *l = &n->limits;
+    uint64_t align = l->request_alignment;
+    uint64_t chunk_max = BI_MAX(bi_align_down(BOUNCE_CHUNK, align), align);
+    uint64_t start = bi_align_down(off, align);
+    uint64_t end = bi_align_up(off + len, align);
+    uint64_t bufsz = BI_MIN(chunk_max, end - start);
+    uint8_t *buf = bi_alloc_aligned(l->opt_mem_alignment, bufsz);
+    if (!buf)
+        return -ENOMEM;
+    int ret = 0;
+    uint64_t pos = start;
+    while (pos < end) {
+        uint64_t cl = BI_MIN(bufsz, end - pos);
+        /* user bytes inside this chunk */
+        uint64_t ustart = BI_MAX(pos, off), uend = BI_MIN(pos + cl, off + len);
+        struct iovec biov = {buf, cl};
+        if (!write) {
+            ret = proto_direct(n, false, pos, cl, &biov, 1, 0);
+            if (ret < 0)
+                break;
+            bi_iov_from_buf(iov, iovcnt, ustart - off, buf + (ustart - pos),
+                            uend - ustart);
+        } else {
+            bool head = ustart > pos, tail = uend < pos + cl;
+            if (head || tail) {
+                n->stats.rmw_ops++;
+                if (head) {
+                    struct iovec h = {buf, align};
+                    ret = proto_direct(n, false, pos, align, &h, 1, 0);
+                }
+                if (ret == 0 && tail && (!head || cl > align)) {
+                    struct iovec t = {buf + cl - align, align};
+                    ret = proto_direct(n, false, pos + cl - align, align, &t, 1,
+                                       0);
+                }
+                if (ret < 0)
+                    break;
+            }
+            bi_iov_to_buf(iov, iovcnt, ustart - off, buf + (ustart - pos),
+                          uend - ustart);
+            ret = proto_direct(n, true, pos, cl, &biov, 1, flags);
+            if (ret < 0)
+                break;
+        }
+        n->stats.bounced_bytes += uend - ustart;
+        pos += cl;
+    }
+    bi_free_aligned(buf);
+    return ret;
+}
+
+static int proto_rw(bi_node *n, bool write, uint64_t off, uint64_t len,
+                    const struct iovec *iov, int iovcnt, int flags)
+{
+    const struct bi_limits *l = &n->limits;
+    struct bi_rw_plan plan;
+    bi_plan_rw(l, off, len, iov, iovcnt, &plan);
+    if (!write) {
+        return plan.bounce ? proto_bounce(n, false, off, len, iov, iovcnt, 0)
+                           : proto_direct(n, false, off, len, iov, iovcnt, 0);
+    }
+    struct bi_tracked_req req;
+    track_begin(n, &req, plan.start, plan.end, plan.rmw);
+    int ret = plan.bounce ? proto_bounce(n, true, off, len, iov, iovcnt, flags)
+                          : proto_direct(n, true, off, len, iov, iovcnt, flags);
+    track_end(&req);
+    return ret;
+}
+
+/* ------------------------------------------------------- format nodes */
+
+static int read_unalloc(bi_node *n, uint64_t off, uint64_t len,
+                        const struct iovec *iov, int iovcnt, uint64_t iov_off)
+{
+    uint64_t from_backing = 0;
+    if (n->backing && off < n->backing->size)
+        from_backing = BI_MIN(len, n->backing->size - off);
+    if (from_backing) {
+        struct iov_slice s;
+        int ret = slice_make(&s, iov, iovcnt, iov_off, from_backing, NULL, 0,
+                             NULL, 0);
+        if (ret == 0)
+            ret = bi_co_preadv(n->backing, off, from_backing, s.v, s.cnt);
+        slice_free(&s);
+        if (ret < 0)
+            return ret;
+    }
+    if (from_backing < len)
+        bi_iov_memset(iov, iovcnt, iov_off + from_backing, 0,
+                      len - from_backing);
+    return 0;
+}
+
+static int fmt_read(bi_node *n, uint64_t off, uint64_t len,
+                    const struct iovec *iov, int iovcnt)
+{
+    uint64_t done = 0;
+    while (done < len) {
+        struct bi_extent ext;
+        memset(&ext, 0, sizeof(ext));
+        int ret = n->drv->co_map(n, off + done, len - done, BI_MAP_READ, &ext);
+        if (ret < 0)
+            return ret;
+        if (ext.len == 0)
+            return -EIO;
+        uint64_t l = BI_MIN(ext.len, len - done);
+        struct iov_slice s;
+        switch (ext.kind) {
+        case BI_EXT_DATA:
+            ret = slice_make(&s, iov, iovcnt, done, l, NULL, 0, NULL, 0);
+            if (ret == 0)
+                ret = bi_co_preadv(ext.host, ext.host_offset, l, s.v, s.cnt);
+            slice_free(&s);
+            break;
+        case BI_EXT_ZERO:
+            bi_iov_memset(iov, iovcnt, done, 0, l);
+            break;
+        case BI_EXT_UNALLOC:
+            ret = read_unalloc(n, off + done, l, iov, iovcnt, done);
+            break;
+        case BI_EXT_COMPRESSED:
+            ret = slice_make(&s, iov, iovcnt, done, l, NULL, 0, NULL, 0);
+            if (ret == 0)
+                ret = n->drv->co_read_compressed(n, &ext, off + done, l, s.v,
+                                                 s.cnt);
+            slice_free(&s);
+            break;
+        }
+        if (ret < 0)
+            return ret;
+        done += l;
+    }
+    return 0;
+}
+
+/* A write to the first sector of an image whose format was guessed as raw
+ * must not make it look like another format (CVE-2008-2004). */
+static int check_probed_first_sector(bi_node *n, uint64_t off, uint64_t len,
+                                     const struct iovec *iov, int iovcnt)
+{
+    enum { PROBE_BYTES = 512 };
+    if (!n->format_probed || off >= PROBE_BYTES)
+        return 0;
+    uint8_t sector[PROBE_BYTES];
+    uint64_t have = BI_MIN((uint64_t)PROBE_BYTES, n->size);
+    memset(sector, 0, sizeof(sector));
+    if (off > 0 || off + len < have) {
+        int ret = fmt_read(n, 0, have, &(struct iovec){sector, have}, 1);
+        if (ret < 0)
+            return ret;
+    }
+    uint64_t l = BI_MIN(len, PROBE_BYTES - off);
+    bi_iov_to_buf(iov, iovcnt, 0, sector + off, l);
+    const struct bi_driver *d = bi_probe_format(sector, PROBE_BYTES, NULL);
+    return (d && d != n->drv) ? -EPERM : 0;
+}
+
+static int fmt_write(bi_node *n, uint64_t off, uint64_t len,
+                     const struct iovec *iov, int iovcnt, int flags)
+{
+    int ret = check_probed_first_sector(n, off, len, iov, iovcnt);
+    if (ret < 0)
+        return ret;
+    uint64_t gran = n->drv->write_granularity ? n->drv->write_granularity(n)
+                                              : 0;
+    struct bi_tracked_req req;
+    if (gran)
+        track_begin(n, &req, bi_align_down(off, gran),
+                    bi_align_up(off + len, gran), true);
+    uint64_t done = 0;
+    while (done < len) {
+        struct bi_extent ext;
+        memset(&ext, 0, sizeof(ext));
+        ret = n->drv->co_map(n, off + done, len - done, BI_MAP_WRITE, &ext);
+        if (ret < 0)
+            break;
+        if (ext.kind != BI_EXT_DATA || ext.len == 0 || !ext.host) {
+            ret = -EIO;
+            if (n->drv->co_write_done)
+                n->drv->co_write_done(n, &ext, ret);
+            break;
+        }
+        uint64_t l = BI_MIN(ext.len, len - done);
+        struct iov_slice s;
+        ret = slice_make(&s, iov, iovcnt, done, l, ext.cow_head,
+                         ext.cow_head_len, ext.cow_tail, ext.cow_tail_len);
+        if (ret == 0)
+            ret = bi_co_pwritev(ext.host, ext.host_offset - ext.cow_head_len,
+                                ext.cow_head_len + l + ext.cow_tail_len, s.v,
+                                s.cnt, flags);
+        slice_free(&s);
+        if (ret == 0 && ext.flush_before_done)
+            ret = bi_co_flush(ext.host);
+        if (n->drv->co_write_done) {
+            int r2 = n->drv->co_write_done(n, &ext, ret);
+            if (ret == 0)
+                ret = r2;
+        }
+        if (ret < 0)
+            break;
+        done += l;
+    }
+    if (gran)
+        track_end(&req);
+    return ret;
+}
+
+/* ------------------------------------------------------------- entries */
+
+static int check_request(bi_node *n, uint64_t off, uint64_t len)
+{
+    if (off > n->size || len > n->size - off)
+        return -EIO;
+    return 0;
+}
+
+int bi_co_preadv(bi_node *n, uint64_t off, uint64_t len,
+                 const struct iovec *iov, int iovcnt)
+{
+    if (len == 0)
+        return 0;
+    if (n->drv->is_protocol) {
+        /* Protocol nodes may be read past their end (zeroes); formats
+         * check bounds themselves through their own size. */
+        return proto_rw(n, false, off, len, iov, iovcnt, 0);
+    }
+    int ret = check_request(n, off, len);
+    if (ret < 0)
+        return ret;
+    return fmt_read(n, off, len, iov, iovcnt);
+}
+
+int bi_co_pwritev(bi_node *n, uint64_t off, uint64_t len,
+                  const struct iovec *iov, int iovcnt, int flags)
+{
+    if (n->read_only)
+        return -EPERM;
+    if (len == 0)
+        return 0;
+    if (n->drv->is_protocol)
+        return proto_rw(n, true, off, len, iov, iovcnt, flags);
+    int ret = check_request(n, off, len);
+    if (ret < 0)
+        return ret;
+    return fmt_write(n, off, len, iov, iovcnt, flags);
+}
+
+int bi_co_pread(bi_node *n, uint64_t off, void *buf, uint64_t len)
+{
+    struct iovec v = {buf, len};
+    return bi_co_preadv(n, off, len, &v, 1);
+}
+
+int bi_co_pwrite(bi_node *n, uint64_t off, const void *buf, uint64_t len,
+                 int flags)
+{
+    struct iovec v = {(void *)buf, len};
+    return bi_co_pwritev(n, off, len, &v, 1, flags);
+}
+
+/* Writes zeroes from a zeroed buffer, chunk by chunk. */
+static int write_zero_buffers(bi_node *n, uint64_t off, uint64_t len,
+                              int flags)
+{
+    uint64_t bufsz = BI_MIN(len, (uint64_t)BOUNCE_CHUNK);
+    size_t align = n->limits.opt_mem_alignment ? n->limits.opt_mem_alignment
+                                               : bi_page_size();
+    void *buf = bi_alloc_aligned(align, bufsz);
+    if (!buf)
+        return -ENOMEM;
+    memset(buf, 0, bufsz);
+    int ret = 0;
+    for (uint64_t done = 0; done < len && ret == 0;) {
+        uint64_t l = BI_MIN(bufsz, len - done);
+        ret = bi_co_pwrite(n, off + done, buf, l,
+                           flags & ~(BI_REQ_MAY_UNMAP | BI_REQ_NO_FALLBACK));
+        done += l;
+    }
+    bi_free_aligned(buf);
+    return ret;
+}
+
+int bi_co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags)
+{
+    if (n->read_only)
+        return -EPERM;
+    if (len == 0)
+        return 0;
+    if (!n->drv->is_protocol) {
+        int ret = check_request(n, off, len);
+        if (ret < 0)
+            return ret;
+        if (n->drv->co_pwrite_zeroes) {
+            ret = n->drv->co_pwrite_zeroes(n, off, len, flags);
+            if (ret != -ENOTSUP)
+                return ret;
+        }
+        if (flags & BI_REQ_NO_FALLBACK)
+            return -ENOTSUP;
+        return write_zero_buffers(n, off, len, flags);
+    }
+    /* Protocol: the aligned middle through the driver, partial blocks as
+     * ordinary (read-modify-write) writes of zeroes. */
+    uint64_t align = n->limits.request_alignment;
+    uint64_t a = bi_align_up(off, align), b = bi_align_down(off + len, align);
+    int ret = 0;
+    if (a >= b)
+        return (flags & BI_REQ_NO_FALLBACK) ? -ENOTSUP
+                                            : write_zero_buffers(n, off, len,
+                                                                 flags);
+    if (a > off && !(flags & BI_REQ_NO_FALLBACK))
+        ret = write_zero_buffers(n, off, a - off, flags);
+    if (ret == 0) {
+        struct bi_tracked_req req;
+        track_begin(n, &req, a, b, false);
+        ret = n->drv->co_pwrite_zeroes ? n->drv->co_pwrite_zeroes(n, a, b - a,
+                                                                  flags)
+                                       : -ENOTSUP;
+        track_end(&req);
+        if (ret == -ENOTSUP && !(flags & BI_REQ_NO_FALLBACK))
+            ret = write_zero_buffers(n, a, b - a, flags);
+    }
+    if (ret == 0 && b < off + len && !(flags & BI_REQ_NO_FALLBACK))
+        ret = write_zero_buffers(n, b, off + len - b, flags);
+    if (ret == 0 && (flags & BI_REQ_NO_FALLBACK) && (a > off || b < off + len))
+        ret = -ENOTSUP;
+    return ret;
+}
+
+int bi_co_pdiscard(bi_node *n, uint64_t off, uint64_t len)
+{
+    if (n->read_only)
+        return -EPERM;
+    if (len == 0 || !n->drv->co_pdiscard)
+        return 0;
+    if (!n->drv->is_protocol) {
+        int ret = check_request(n, off, len);
+        if (ret < 0)
+            return ret;
+        return n->drv->co_pdiscard(n, off, len);
+    }
+    /* Discard is advisory: only whole aligned blocks. */
+    uint64_t align = n->limits.request_alignment;
+    uint64_t a = bi_align_up(off, align), b = bi_align_down(off + len, align);
+    if (a >= b)
+        return 0;
+    struct bi_tracked_req req;
+    track_begin(n, &req, a, b, false);
+    int ret = n->drv->co_pdiscard(n, a, b - a);
+    track_end(&req);
+    return ret == -ENOTSUP ? 0 : ret;
+}
+
+int bi_co_flush(bi_node *n)
+{
+    int ret = 0;
+    if (n->cache == BI_CACHE_UNSAFE)
+        return 0;
+    if (n->drv->co_flush)
+        ret = n->drv->co_flush(n);
+    if (ret == 0 && n->file && n->file != n)
+        ret = bi_co_flush(n->file);
+    return ret;
+}
+
+int bi_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
+                            uint64_t len)
+{
+    if (n->read_only)
+        return -EPERM;
+    if (!n->drv->co_pwrite_compressed)
+        return -ENOTSUP;
+    int ret = check_request(n, off, len);
+    if (ret < 0)
+        return ret;
+    uint64_t gran = n->drv->write_granularity ? n->drv->write_granularity(n)
+                                              : 0;
+    struct bi_tracked_req req;
+    if (gran)
+        track_begin(n, &req, bi_align_down(off, gran),
+                    bi_align_up(off + len, gran), true);
+    ret = n->drv->co_pwrite_compressed(n, off, buf, len);
+    if (gran)
+        track_end(&req);
+    return ret;
+}
+
+/* ------------------------------------------------- synchronous public API */
+
+struct sync_rw {
+    bi_node *n;
+    uint64_t off, len;
+    const struct iovec *iov;
+    int iovcnt;
+    int flags;
+    int op;
+};
+
+enum { OP_READ, OP_WRITE, OP_ZERO, OP_DISCARD, OP_FLUSH };
+
+static int sync_rw_fn(void *opaque)
+{
+    struct sync_rw *r = opaque;
+    switch (r->op) {
+    case OP_READ:
+        return bi_co_preadv(r->n, r->off, r->len, r->iov, r->iovcnt);
+    case OP_WRITE:
+        return bi_co_pwritev(r->n, r->off, r->len, r->iov, r->iovcnt,
+                             r->flags);
+    case OP_ZERO:
+        return bi_co_pwrite_zeroes(r->n, r->off, r->len, r->flags);
+    case OP_DISCARD:
+        return bi_co_pdiscard(r->n, r->off, r->len);
+    default:
+        return bi_co_flush(r->n);
+    }
+}
+
+int bi_preadv(bi_node *n, uint64_t off, const struct iovec *iov, int iovcnt)
+{
+    struct sync_rw r = {n, off, bi_iov_size(iov, iovcnt), iov, iovcnt, 0,
+                        OP_READ};
+    return bi_run_co(sync_rw_fn, &r);
+}
+
+int bi_pwritev(bi_node *n, uint64_t off, const struct iovec *iov, int iovcnt,
+               int flags)
+{
+    struct sync_rw r = {n,      off,  bi_iov_size(iov, iovcnt), iov, iovcnt,
+                        flags, OP_WRITE};
+    return bi_run_co(sync_rw_fn, &r);
+}
+
+int bi_pread(bi_node *n, uint64_t off, void *buf, size_t len)
+{
+    struct iovec v = {buf, len};
+    return bi_preadv(n, off, &v, 1);
+}
+
+int bi_pwrite(bi_node *n, uint64_t off, const void *buf, size_t len,
+              int flags)
+{
+    struct iovec v = {(void *)buf, len};
+    return bi_pwritev(n, off, &v, 1, flags);
+}
+
+int bi_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags)
+{
+    struct sync_rw r = {n, off, len, NULL, 0, flags, OP_ZERO};
+    return bi_run_co(sync_rw_fn, &r);
+}
+
+int bi_pdiscard(bi_node *n, uint64_t off, uint64_t len)
+{
+    struct sync_rw r = {n, off, len, NULL, 0, 0, OP_DISCARD};
+    return bi_run_co(sync_rw_fn, &r);
+}
+
+int bi_flush(bi_node *n)
+{
+    struct sync_rw r = {n, 0, 0, NULL, 0, 0, OP_FLUSH};
+    return bi_run_co(sync_rw_fn, &r);
+}
+
+/* ------------------------------------------------------------ async API */
+
+struct aio_req {
+    struct sync_rw rw;
+    bi_aio_cb *cb;
+    void *opaque;
+};
+
+static void aio_entry(void *opaque)
+{
+    struct aio_req *a = opaque;
+    int ret = sync_rw_fn(&a->rw);
+    bi_aio_cb *cb = a->cb;
+    void *cb_opaque = a->opaque;
+    free(a);
+    bi_loop_request_done();
+    if (cb)
+        cb(cb_opaque, ret);
+}
+
+static void aio_submit(bi_node *n, int op, uint64_t off, uint64_t len,
+                       const struct iovec *iov, int iovcnt, int flags,
+                       bi_aio_cb *cb, void *opaque)
+{
+    struct aio_req *a = bi_xmalloc(sizeof(*a));
+    a->rw = (struct sync_rw){n, off, len, iov, iovcnt, flags, op};
+    a->cb = cb;
+    a->opaque = opaque;
+    bi_loop_request_started();
+    bi_co_enter(bi_co_create(aio_entry, a));
+}
+
+void bi_aio_preadv(bi_node *n, uint64_t off, const struct iovec *iov,
+                   int iovcnt, bi_aio_cb *cb, void *opaque)
+{
+    aio_submit(n, OP_READ, off, bi_iov_size(iov, iovcnt), iov, iovcnt, 0, cb,
+               opaque);
+}
+
+void bi_aio_pwritev(bi_node *n, uint64_t off, const struct iovec *iov,
+                    int iovcnt, int flags, bi_aio_cb *cb, void *opaque)
+{
+    aio_submit(n, OP_WRITE, off, bi_iov_size(iov, iovcnt), iov, iovcnt, flags,
+               cb, opaque);
+}
+
+void bi_aio_flush(bi_node *n, bi_aio_cb *cb, void *opaque)
+{
+    aio_submit(n, OP_FLUSH, 0, 0, NULL, 0, 0, cb, opaque);
+}
+
+void bi_aio_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags,
+                          bi_aio_cb *cb, void *opaque)
+{
+    aio_submit(n, OP_ZERO, off, len, NULL, 0, flags, cb, opaque);
+}
+
+void bi_aio_pdiscard(bi_node *n, uint64_t off, uint64_t len, bi_aio_cb *cb,
+                     void *opaque)
+{
+    aio_submit(n, OP_DISCARD, off, len, NULL, 0, 0, cb, opaque);
+}

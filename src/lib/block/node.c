@@ -1,1 +1,450 @@
 /* SPDX-License-Identifier: MIT */
+/* Building and tearing down node graphs: format over protocol, backing
+ * chains, and the accessors the tools use. */
+#include "block/block.h"
+#include "io/aio.h"
+#include "util/util.h"
+
+#include <errno.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#define PROBE_BYTES 2048
+#define MAX_BACKING_DEPTH 256
+/* QEMU sizes block nodes in 512-byte sectors; so do we, for images. */
+#define SECTOR 512
+
+void bi_open_opts_init(struct bi_open_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->cache = BI_CACHE_WRITEBACK;
+    o->backing_cache = BI_CACHE_WRITEBACK;
+}
+
+static bi_node *node_alloc(const struct bi_driver *drv, const char *filename,
+                           const struct bi_open_opts *o)
+{
+    bi_node *n = bi_xzalloc(sizeof(*n));
+    n->drv = drv;
+    n->filename = bi_xstrdup(filename);
+    n->opts = *o;
+    n->cache = o->cache;
+    n->read_only = !o->read_write;
+    LIST_INIT(&n->tracked);
+    if (drv->state_size)
+        n->opaque = bi_xzalloc(drv->state_size);
+    return n;
+}
+
+void bi_node_free(bi_node *n)
+{
+    if (!n)
+        return;
+    free(n->opaque);
+    free(n->filename);
+    free(n->backing_filename);
+    free(n->backing_format);
+    free(n);
+}
+
+static void default_limits(bi_node *n)
+{
+    if (n->drv->refresh_limits) {
+        n->drv->refresh_limits(n);
+    } else if (n->file) {
+        n->limits = n->file->limits;
+        n->limits.request_alignment_source = BI_SRC_CHILD;
+        n->limits.mem_alignment_source = BI_SRC_CHILD;
+    }
+    struct bi_limits *l = &n->limits;
+    if (!l->request_alignment)
+        l->request_alignment = 1;
+    if (!l->min_mem_alignment)
+        l->min_mem_alignment = 1;
+    if (l->opt_mem_alignment < bi_page_size())
+        l->opt_mem_alignment = (uint32_t)bi_page_size();
+    if (l->opt_mem_alignment < l->min_mem_alignment)
+        l->opt_mem_alignment = l->min_mem_alignment;
+}
+
+bi_node *bi_open_protocol(const char *filename, const struct bi_open_opts *o,
+                          bi_error *err)
+{
+    bi_node *n = node_alloc(&bi_drv_file, filename, o);
+    int ret = n->drv->open(n, o, err);
+    if (ret < 0) {
+        bi_node_free(n);
+        return NULL;
+    }
+    default_limits(n);
+    return n;
+}
+
+static void close_graph(bi_node *n)
+{
+    if (!n)
+        return;
+    bi_node *file = n->file, *backing = n->backing;
+    if (n->drv->close)
+        n->drv->close(n);
+    bi_node_free(n);
+    if (file && file != n)
+        close_graph(file);
+    close_graph(backing);
+}
+
+/* Resolves a backing name against the directory of the image naming it. */
+static char *resolve_backing(const char *image, const char *backing)
+{
+    if (backing[0] == '/')
+        return bi_xstrdup(backing);
+    char *copy = bi_xstrdup(image);
+    char *dir = dirname(copy);
+    char *r = strcmp(dir, ".") ? bi_xasprintf("%s/%s", dir, backing)
+                               : bi_xstrdup(backing);
+    free(copy);
+    return r;
+}
+
+/* Names coming from an image are plain local file names. */
+static bool plain_file_name(const char *name)
+{
+    if (!strncmp(name, "json:", 5))
+        return false;
+    const char *colon = strchr(name, ':');
+    const char *slash = strchr(name, '/');
+    /* "proto:..." before any slash is a protocol prefix in QEMU. */
+    return !(colon && (!slash || colon < slash));
+}
+
+static bi_node *open_format(const char *filename, const char *format,
+                            const struct bi_open_opts *o, int depth,
+                            char **chain, bi_error *err);
+
+static int open_backing(bi_node *n, const struct bi_open_opts *o, int depth,
+                        char **chain, bi_error *err)
+{
+    if (!n->backing_filename || !n->backing_filename[0] || o->no_backing)
+        return 0;
+    if (!plain_file_name(n->backing_filename)) {
+        bi_error_set(err, 0,
+                     "Could not open backing file '%s' of '%s': only local "
+                     "file names are allowed",
+                     n->backing_filename, n->filename);
+        return -EINVAL;
+    }
+    if (depth + 1 >= MAX_BACKING_DEPTH) {
+        bi_error_set(err, 0, "Backing chain of '%s' is too deep",
+                     n->filename);
+        return -ELOOP;
+    }
+    char *path = resolve_backing(n->filename, n->backing_filename);
+    char real[PATH_MAX];
+    if (realpath(path, real)) {
+        for (int i = 0; i <= depth; i++) {
+            if (chain[i] && !strcmp(chain[i], real)) {
+                bi_error_set(err, 0,
+                             "Backing file '%s' of '%s' forms a loop in the "
+                             "backing chain",
+                             n->backing_filename, n->filename);
+                free(path);
+                return -ELOOP;
+            }
+        }
+    }
+    struct bi_open_opts bo = *o;
+    bo.format = n->backing_format;
+    bo.read_write = false;
+    bo.cache = o->backing_cache;
+    bo.quiet_probe = true;
+    bo.driver_opts = NULL;
+    bi_error berr;
+    bi_error_init(&berr);
+    n->backing = open_format(path, n->backing_format, &bo, depth + 1, chain,
+                             &berr);
+    if (!n->backing) {
+        bi_error_set(err, 0, "Could not open backing file: %s", berr.msg);
+        free(path);
+        return berr.code ? berr.code : -EIO;
+    }
+    n->backing->parent = n;
+    free(path);
+    return 0;
+}
+
+static bi_node *open_format(const char *filename, const char *format,
+                            const struct bi_open_opts *o, int depth,
+                            char **chain, bi_error *err)
+{
+    const struct bi_driver *drv = NULL;
+    if (format) {
+        drv = bi_driver_find(format);
+        if (!drv) {
+            bi_error_set(err, 0, "Unknown driver '%s'", format);
+            return NULL;
+        }
+    }
+    bi_node *file = bi_open_protocol(filename, o, err);
+    if (!file)
+        return NULL;
+    if (drv == &bi_drv_file)
+        return file; /* -f file: the protocol node is the image */
+
+    char real[PATH_MAX];
+    chain[depth] = realpath(filename, real) ? bi_xstrdup(real) : NULL;
+
+    bool probed = false;
+    if (!drv) {
+        uint8_t *buf = bi_alloc_aligned(file->limits.opt_mem_alignment,
+                                        PROBE_BYTES);
+        if (!buf)
+            abort();
+        memset(buf, 0, PROBE_BYTES);
+        uint64_t l = BI_MIN((uint64_t)PROBE_BYTES,
+                            bi_align_up(file->size, SECTOR));
+        int ret = l ? bi_pread(file, 0, buf, l) : 0;
+        if (ret < 0) {
+            bi_error_set(err, -ret, "Could not read image for determining "
+                                    "its format");
+            bi_free_aligned(buf);
+            close_graph(file);
+            return NULL;
+        }
+        drv = bi_probe_format(buf, l, filename);
+        bi_free_aligned(buf);
+        probed = drv == &bi_drv_raw;
+    }
+
+    bi_node *n = node_alloc(drv, filename, o);
+    n->file = file;
+    file->parent = n;
+    n->format_probed = probed;
+    int ret = drv->open(n, o, err);
+    if (ret < 0) {
+        n->file = NULL;
+        bi_node_free(n);
+        close_graph(file);
+        return NULL;
+    }
+    n->size = bi_align_up(n->size, SECTOR);
+    default_limits(n);
+    if (probed && !n->read_only && !o->quiet_probe) {
+        fprintf(stderr,
+                "WARNING: Image format was not specified for '%s' and "
+                "probing guessed raw.\n"
+                "         Automatically detecting the format is dangerous "
+                "for raw images, write operations on block 0 will be "
+                "restricted.\n"
+                "         Specify the 'raw' format explicitly to remove the "
+                "restrictions.\n",
+                filename);
+    }
+    if (open_backing(n, o, depth, chain, err) < 0) {
+        close_graph(n);
+        return NULL;
+    }
+    return n;
+}
+
+bi_node *bi_open_node(const char *filename, const char *format,
+                      const struct bi_open_opts *o, bi_error *err)
+{
+    char *chain[MAX_BACKING_DEPTH] = {0};
+    bi_node *n = open_format(filename, format, o, 0, chain, err);
+    for (int i = 0; i < MAX_BACKING_DEPTH; i++)
+        free(chain[i]);
+    return n;
+}
+
+bi_node *bi_open(const char *filename, const struct bi_open_opts *o,
+                 bi_error *err)
+{
+    struct bi_open_opts def;
+    if (!o) {
+        bi_open_opts_init(&def);
+        o = &def;
+    }
+    bi_error local;
+    bi_error_init(&local);
+    bi_node *n = bi_open_node(filename, o->format, o, &local);
+    if (!n) {
+        /* qemu-img: "Could not open 'x': <cause>" */
+        bi_error_set(err, 0, "Could not open '%s': %s", filename, local.msg);
+        if (err)
+            err->code = local.code ? local.code : -EIO;
+    }
+    return n;
+}
+
+static int close_flush(void *opaque)
+{
+    bi_node *n = opaque;
+    int ret = 0;
+    for (bi_node *c = n; c; c = c->backing) {
+        if (!c->read_only) {
+            int r = bi_co_flush(c);
+            if (r < 0 && ret == 0)
+                ret = r;
+        }
+    }
+    return ret;
+}
+
+int bi_close(bi_node *n, bi_error *err)
+{
+    if (!n)
+        return 0;
+    bi_aio_drain();
+    int ret = bi_run_co(close_flush, n);
+    if (ret < 0)
+        bi_error_set(err, -ret, "Failed to flush '%s'", n->filename);
+    close_graph(n);
+    return ret;
+}
+
+const char *bi_node_filename(const bi_node *n) { return n->filename; }
+const char *bi_node_format(const bi_node *n) { return n->drv->name; }
+bi_node *bi_node_file(bi_node *n) { return n->file ? n->file : n; }
+bi_node *bi_node_backing(bi_node *n) { return n->backing; }
+bool bi_node_read_only(const bi_node *n) { return n->read_only; }
+bool bi_node_format_probed(const bi_node *n) { return n->format_probed; }
+int64_t bi_getlength(bi_node *n) { return (int64_t)n->size; }
+
+int64_t bi_allocated_file_size(bi_node *n)
+{
+    if (n->drv->get_allocated_file_size)
+        return n->drv->get_allocated_file_size(n);
+    return n->file ? bi_allocated_file_size(n->file) : -ENOTSUP;
+}
+
+const struct bi_limits *bi_node_limits(const bi_node *n) { return &n->limits; }
+
+int bi_storage_info(bi_node *n, struct bi_storage_info *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->page_size = (uint32_t)bi_page_size();
+    bi_node *p = n;
+    while (p && !p->drv->is_protocol)
+        p = p->file;
+    if (!p || !p->drv->storage_info)
+        return -ENOTSUP;
+    return p->drv->storage_info(p, out);
+}
+
+void bi_node_stats(const bi_node *n, struct bi_stats *out) { *out = n->stats; }
+
+void *bi_blockalign(bi_node *n, size_t size)
+{
+    size_t align = n && n->limits.opt_mem_alignment
+                       ? n->limits.opt_mem_alignment
+                       : bi_page_size();
+    return bi_alloc_aligned(align, size ? size : align);
+}
+
+const char *bi_limit_source_name(enum bi_limit_source s)
+{
+    switch (s) {
+    case BI_SRC_BUFFERED:
+        return "buffered";
+    case BI_SRC_STATX:
+        return "statx";
+    case BI_SRC_BLKSSZGET:
+        return "BLKSSZGET";
+    case BI_SRC_XFS_DIOINFO:
+        return "XFS_IOC_DIOINFO";
+    case BI_SRC_PROBE:
+        return "probe";
+    case BI_SRC_FALLBACK:
+        return "fallback";
+    case BI_SRC_CHILD:
+        return "child";
+    case BI_SRC_DRIVER:
+        return "driver";
+    default:
+        return "none";
+    }
+}
+
+int bi_cache_parse(const char *s, enum bi_cache *out)
+{
+    static const char *const names[] = {"writeback", "none", "writethrough",
+                                        "directsync", "unsafe"};
+    for (int i = 0; i < 5; i++) {
+        if (!strcmp(s, names[i])) {
+            *out = (enum bi_cache)i;
+            return 0;
+        }
+    }
+    if (!strcmp(s, "off")) { /* qemu accepts "off" as an alias of none */
+        *out = BI_CACHE_NONE;
+        return 0;
+    }
+    return -EINVAL;
+}
+
+const char *bi_cache_name(enum bi_cache c)
+{
+    static const char *const names[] = {"writeback", "none", "writethrough",
+                                        "directsync", "unsafe"};
+    return (unsigned)c < 5 ? names[c] : "?";
+}
+
+bool bi_cache_is_direct(enum bi_cache c)
+{
+    return c == BI_CACHE_NONE || c == BI_CACHE_DIRECTSYNC;
+}
+
+int bi_prealloc_parse(const char *s, enum bi_prealloc *out)
+{
+    static const char *const names[] = {"off", "metadata", "falloc", "full"};
+    for (int i = 0; i < 4; i++) {
+        if (!strcmp(s, names[i])) {
+            *out = (enum bi_prealloc)i;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+const char *bi_prealloc_name(enum bi_prealloc p)
+{
+    static const char *const names[] = {"off", "metadata", "falloc", "full"};
+    return (unsigned)p < 4 ? names[p] : "?";
+}
+
+struct truncate_args {
+    bi_node *n;
+    uint64_t size;
+    bool exact;
+    enum bi_prealloc prealloc;
+    bi_error *err;
+};
+
+static int truncate_fn(void *opaque)
+{
+    struct truncate_args *a = opaque;
+    if (!a->n->drv->co_truncate) {
+        bi_error_set(a->err, 0, "Image format driver does not support resize");
+        return -ENOTSUP;
+    }
+    return a->n->drv->co_truncate(a->n, a->size, a->exact, a->prealloc,
+                                  a->err);
+}
+
+int bi_truncate(bi_node *n, uint64_t size, bool exact,
+                enum bi_prealloc prealloc, bi_error *err)
+{
+    if (n->read_only) {
+        bi_error_set(err, EACCES, "Image is read-only");
+        return -EACCES;
+    }
+    struct truncate_args a = {n, size, exact, prealloc, err};
+    int ret = bi_run_co(truncate_fn, &a);
+    if (ret == 0 && !n->drv->is_protocol)
+        n->size = bi_align_up(n->size, SECTOR);
+    return ret;
+}

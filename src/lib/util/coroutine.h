@@ -8,6 +8,7 @@
 #define BI_COROUTINE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <sys/queue.h>
 
 typedef struct bi_co bi_co;
