@@ -1,0 +1,69 @@
+# SPDX-License-Identifier: MIT
+#
+# blkimg: top-level entry points. The real build is meson + ninja; this
+# file only strings the steps together.
+#
+#   make              build build/ (blkimg, blkimg-io, libblkimg.so)
+#   make run          install missing packages, build, run the demo
+#   make check        install missing packages, build build/ and build-asan/,
+#                     run every test on both, check formatting; the last
+#                     line printed is "N passed, N failed"
+#   make bench        build, then run the benchmarks (bench/run.sh)
+#   make install      meson install (PREFIX=/usr/local, DESTDIR honoured)
+#   make format       clang-format -i on every C file
+#   make clean        remove build/, build-asan/ and demo/
+
+BUILD      ?= build
+ASAN_BUILD ?= build-asan
+PREFIX     ?= /usr/local
+MESON      ?= meson
+NINJA      ?= ninja
+CC         ?= cc
+
+# C files we format / check (never anything under a build directory).
+C_DIRS     := src include tests bench
+
+.PHONY: all build deps run check bench bench-tools install format \
+	check-format clean
+
+all: build
+
+deps:
+	@scripts/deps.sh
+
+$(BUILD)/build.ninja:
+	$(MESON) setup $(BUILD)
+
+build: $(BUILD)/build.ninja
+	$(NINJA) -C $(BUILD)
+
+# Small C helpers for the benchmarks, kept out of meson on purpose.
+bench-tools: $(BUILD)/bench/dio_align
+
+$(BUILD)/bench/dio_align: bench/dio_align.c
+	@mkdir -p $(BUILD)/bench
+	$(CC) -O2 -Wall -Wextra -Werror -std=c11 -D_GNU_SOURCE -o $@ $<
+
+run: deps build
+	@BLKIMG_BUILD=$(BUILD) scripts/demo.sh
+
+check: deps
+	@BLKIMG_BUILD=$(BUILD) BLKIMG_ASAN_BUILD=$(ASAN_BUILD) tests/run_all.sh
+
+bench: build bench-tools
+	@BLKIMG_BUILD=$(BUILD) bench/run.sh
+
+install: $(BUILD)/build.ninja
+	$(MESON) configure $(BUILD) -Dprefix=$(PREFIX)
+	$(NINJA) -C $(BUILD)
+	$(MESON) install -C $(BUILD) $(if $(DESTDIR),--destdir $(DESTDIR))
+
+format:
+	@find $(C_DIRS) -name '*.[ch]' -print0 | \
+		xargs -0 -r clang-format -i
+
+check-format:
+	@scripts/check-format.sh
+
+clean:
+	rm -rf $(BUILD) $(ASAN_BUILD) demo

@@ -1,0 +1,59 @@
+#!/bin/bash
+# SPDX-License-Identifier: MIT
+#
+# Install the Debian packages blkimg needs to build, test and benchmark.
+# A fast no-op when everything is present: only missing packages are
+# installed, and `apt-get update` runs only when something is missing.
+#
+# Usage: scripts/deps.sh [--check]
+#   --check   only report what is missing (exit 1 if anything is)
+set -euo pipefail
+
+PACKAGES=(
+    # build
+    meson ninja-build pkg-config gcc libc6-dev
+    liburing-dev zlib1g-dev libzstd-dev libcmocka-dev
+    # tests
+    python3 python3-pytest python3-pytest-timeout
+    qemu-utils fio xfsprogs e2fsprogs util-linux mount
+    # format check
+    clang-format
+    # benchmarks
+    hyperfine time procps
+)
+
+# One dpkg-query call for all of them (packages it does not know are simply
+# absent from its output).
+installed=" $( (dpkg-query -W -f='${Package}:${db:Status-Status} ' "${PACKAGES[@]}" \
+    2>/dev/null || true) | tr ' ' '\n' | sed -n 's/:installed$//p' | tr '\n' ' ') "
+missing=()
+for p in "${PACKAGES[@]}"; do
+    case "$installed" in
+    *" $p "*) ;;
+    *) missing+=("$p") ;;
+    esac
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+
+if [ "${1:-}" = "--check" ]; then
+    echo "missing packages: ${missing[*]}"
+    exit 1
+fi
+
+echo "deps: installing missing packages: ${missing[*]}"
+SUDO=
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+        SUDO=sudo
+    else
+        echo "deps: not root and no sudo; please install: ${missing[*]}" >&2
+        exit 1
+    fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q </dev/null
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" </dev/null
+echo "deps: done"

@@ -1,0 +1,145 @@
+#!/bin/bash
+# SPDX-License-Identifier: MIT
+#
+# The whole test suite, as `make check` runs it:
+#   1. build $BLKIMG_BUILD (default build/) and $BLKIMG_ASAN_BUILD (default
+#      build-asan/, ASan + UBSan);
+#   2. on each build: the unit tests (meson test) and the pytest suites
+#      (tests/integration, tests/interop, with BLKIMG_BUILD pointing at it);
+#   3. the clang-format check (one test).
+# Every phase runs even when an earlier one failed. The LAST line printed is
+# the total "N passed, N failed" (", N skipped" follows when tests were
+# skipped); the exit status is 1 when anything failed.
+#
+# Environment:
+#   BLKIMG_BUILD, BLKIMG_ASAN_BUILD   build directories (relative to the repo)
+#   BLKIMG_NO_ASAN=1                  skip the sanitizer build and run
+#   PYTEST_ARGS                       extra pytest arguments (e.g. "-k info")
+#   PYTEST_TIMEOUT                    per-test timeout in seconds (600)
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+BUILD=${BLKIMG_BUILD:-build}
+ASAN_BUILD=${BLKIMG_ASAN_BUILD:-build-asan}
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=python3
+PYTEST_TIMEOUT=${PYTEST_TIMEOUT:-600}
+
+export ASAN_OPTIONS_CHECK="halt_on_error=1:abort_on_error=0:detect_leaks=1:print_stacktrace=1:exitcode=86"
+export UBSAN_OPTIONS_CHECK="halt_on_error=1:abort_on_error=0:print_stacktrace=1:exitcode=86"
+
+TALLY=$(mktemp /tmp/blkimg-check.XXXXXX)
+trap 'rm -f "$TALLY"' EXIT
+START=$(date +%s)
+
+# record NAME PASSED FAILED SKIPPED
+record() {
+    printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >>"$TALLY"
+}
+
+banner() {
+    echo
+    echo "==== $* ===="
+}
+
+# build DIR [meson setup args...]: configure (once) and build; 0 on success.
+build() {
+    local dir=$1
+    shift
+    banner "build $dir/ $*"
+    if [ -f "$dir/build.ninja" ]; then
+        if [ $# -gt 0 ]; then
+            meson configure "$dir" "$@" || return 1
+        fi
+    else
+        meson setup "$dir" "$@" || return 1
+    fi
+    ninja -C "$dir"
+}
+
+# unit DIR LABEL [meson test args...]
+unit() {
+    local dir=$1 label=$2
+    shift 2
+    banner "unit tests ($label)"
+    rm -f "$dir/meson-logs/testlog.json"
+    meson test -C "$dir" --no-rebuild --print-errorlogs "$@"
+    local counts
+    counts=$("$PY" tests/tally.py meson "$dir") || counts="0 1 0"
+    # shellcheck disable=SC2086
+    record "unit ($label)" $counts
+}
+
+# pysuite DIR LABEL: the pytest suites against the binaries in DIR.
+pysuite() {
+    local dir=$1 label=$2
+    banner "pytest suites ($label)"
+    local suites=() d
+    for d in tests/integration tests/interop; do
+        [ -d "$d" ] && suites+=("$d")
+    done
+    local xml="$REPO/$dir/pytest-results.xml" rc timeout_args=()
+    rm -f "$xml"
+    if "$PY" -c 'import pytest_timeout' 2>/dev/null; then
+        timeout_args=(--timeout="$PYTEST_TIMEOUT")
+    fi
+    # shellcheck disable=SC2086
+    BLKIMG_BUILD="$REPO/$dir" "$PY" -m pytest -p no:cacheprovider -q \
+        --tb=short -rfEs "${timeout_args[@]}" --junitxml="$xml" \
+        ${PYTEST_ARGS:-} "${suites[@]}" </dev/null
+    rc=$?
+    local counts
+    counts=$("$PY" tests/tally.py junit "$xml" "$rc") || counts="0 1 0"
+    # shellcheck disable=SC2086
+    record "pytest ($label)" $counts
+}
+
+# --- normal build ------------------------------------------------------------
+if build "$BUILD"; then
+    record "build ($BUILD)" 0 0 0
+    unit "$BUILD" "$BUILD" --num-processes 2
+    pysuite "$BUILD" "$BUILD"
+else
+    echo "check: build of $BUILD/ FAILED; its tests were not run"
+    record "build ($BUILD)" 0 1 0
+fi
+
+# --- ASan + UBSan build ------------------------------------------------------
+if [ "${BLKIMG_NO_ASAN:-0}" != 1 ]; then
+    if build "$ASAN_BUILD" -Db_sanitize=address,undefined; then
+        record "build ($ASAN_BUILD)" 0 0 0
+        (
+            export ASAN_OPTIONS=$ASAN_OPTIONS_CHECK
+            export UBSAN_OPTIONS=$UBSAN_OPTIONS_CHECK
+            unit "$ASAN_BUILD" "$ASAN_BUILD" --num-processes 2 \
+                --timeout-multiplier 4
+            pysuite "$ASAN_BUILD" "$ASAN_BUILD"
+        )
+    else
+        echo "check: build of $ASAN_BUILD/ FAILED; its tests were not run"
+        record "build ($ASAN_BUILD)" 0 1 0
+    fi
+fi
+
+# --- formatting ----------------------------------------------------------------
+banner "clang-format check"
+if scripts/check-format.sh; then
+    record "clang-format" 1 0 0
+else
+    record "clang-format" 0 1 0
+fi
+
+# --- summary -------------------------------------------------------------------
+banner "summary ($(($(date +%s) - START)) s)"
+while IFS=$'\t' read -r name p f s; do
+    status=ok
+    [ "$f" -gt 0 ] && status=FAILED
+    printf '  %-28s %5s passed %5s failed %5s skipped  %s\n' \
+        "$name" "$p" "$f" "$s" "$status"
+done <"$TALLY"
+read -r P F S < <("$PY" tests/tally.py sum "$TALLY")
+line="$P passed, $F failed"
+[ "$S" -gt 0 ] && line="$line, $S skipped"
+echo "$line"
+[ "$F" -eq 0 ]
