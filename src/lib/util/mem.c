@@ -1,1 +1,100 @@
 /* SPDX-License-Identifier: MIT */
+/* Memory helpers: page size, aligned buffers, aborting small allocations. */
+#include "blkimg/blkimg.h"
+#include "util/util.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+size_t bi_page_size(void)
+{
+    static size_t cached;
+    size_t v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+
+    if (v == 0) {
+        long r = sysconf(_SC_PAGESIZE);
+
+        v = r > 0 ? (size_t)r : 4096;
+        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+    }
+    return v;
+}
+
+void *bi_alloc_aligned(size_t align, size_t size)
+{
+    void *p = NULL;
+
+    if (align < sizeof(void *)) {
+        align = sizeof(void *);
+    }
+    if (!bi_is_pow2(align)) {
+        errno = EINVAL;
+        return NULL;
+    }
+    /* posix_memalign(0) may return NULL; callers expect a real pointer. */
+    int r = posix_memalign(&p, align, size ? size : 1);
+    if (r != 0) {
+        errno = r;
+        return NULL;
+    }
+    return p;
+}
+
+void bi_free_aligned(void *p)
+{
+    free(p);
+}
+
+static void out_of_memory(size_t size)
+{
+    fprintf(stderr, "blkimg: out of memory allocating %zu bytes\n", size);
+    abort();
+}
+
+void *bi_xmalloc(size_t size)
+{
+    void *p = malloc(size ? size : 1);
+
+    if (!p) {
+        out_of_memory(size);
+    }
+    return p;
+}
+
+void *bi_xzalloc(size_t size)
+{
+    void *p = calloc(1, size ? size : 1);
+
+    if (!p) {
+        out_of_memory(size);
+    }
+    return p;
+}
+
+char *bi_xstrdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char *p = bi_xmalloc(n);
+
+    memcpy(p, s, n);
+    return p;
+}
+
+char *bi_xasprintf(const char *fmt, ...)
+{
+    va_list ap;
+    char *p = NULL;
+    int r;
+
+    va_start(ap, fmt);
+    r = vasprintf(&p, fmt, ap);
+    va_end(ap);
+    if (r < 0) {
+        out_of_memory(0);
+    }
+    return p;
+}

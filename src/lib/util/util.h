@@ -60,7 +60,14 @@ char *bi_xstrdup(const char *s);
 char *bi_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---- sizes ---- */
+/* qemu_strtosz rules: 0, -EINVAL or -ERANGE (beyond 2^64 - 1). Values
+ * above INT64_MAX parse fine: qemu-img range-checks them itself. */
 int bi_parse_size(const char *s, uint64_t *out);
+/* Same; *hex_suffix (if non-NULL) tells whether a hex number carried a
+ * multiplier suffix, for which qemu-img warns "Using a multiplier suffix on
+ * hex numbers is deprecated: <s>". */
+int bi_parse_size_full(const char *s, uint64_t *out, bool *hex_suffix);
+/* "%0.3g <unit>B" with units "", Ki, Mi, ... (qemu's size_to_str). */
 void bi_format_size(uint64_t v, char *buf, size_t len);
 
 /* ---- -o option lists: "a=1,b=x,,y" (",," escapes a comma) ---- */
@@ -72,16 +79,29 @@ struct bi_optlist {
     int n;
     struct bi_opt *v;
 };
-/* Appends the options of s to l; returns 0 or -EINVAL. */
+/* Appends the options of s to l (l starts zeroed; repeated -o accumulate);
+ * returns 0, or -EINVAL for what qemu-img rejects as "Invalid option list:
+ * <s>" (empty, leading ',', odd number of trailing ','). Keys are not
+ * validated: an unknown or empty key is the caller's to report. */
 int bi_optlist_parse(struct bi_optlist *l, const char *s);
+/* Value of the last occurrence of key, NULL if absent; a bare "key" reads
+ * as "on" and a bare "nokey" as "off", as in qemu. */
 const char *bi_optlist_get(const struct bi_optlist *l, const char *key);
 void bi_optlist_free(struct bi_optlist *l);
 
-/* ---- JSON output in qemu's layout (4-space indent, "key": value) ---- */
+/* ---- JSON output in qemu's layout (4-space indent, "key": value) ----
+ * Pretty mode is qemu's pretty JSON (qemu-img info/check/measure): each
+ * member on its own line, an empty container prints as "{" newline "}".
+ * Compact mode is qemu's one-line form: {"a": 1, "b": [1, 2]}.
+ * Keys are ignored inside arrays. Closing the outermost container in
+ * pretty mode also writes the final newline, as qemu-img prints it. */
+#define BI_JSON_MAX_DEPTH 32
 struct bi_json {
     FILE *out;
     int depth;
-    bool first[32];
+    bool is_array[BI_JSON_MAX_DEPTH]; /* container kind per depth */
+    bool need_comma;
+    bool started; /* something was written */
     bool pretty;
 };
 void bi_json_init(struct bi_json *j, FILE *out, bool pretty);
@@ -93,8 +113,13 @@ void bi_json_str(struct bi_json *j, const char *key, const char *v);
 void bi_json_int(struct bi_json *j, const char *key, int64_t v);
 void bi_json_uint(struct bi_json *j, const char *key, uint64_t v);
 void bi_json_bool(struct bi_json *j, const char *key, bool v);
+/* raw: a complete, valid JSON value. Scalars are written as is; objects and
+ * arrays are laid out again in the writer's mode (so a compact value nests
+ * correctly in pretty output); string tokens are copied verbatim. */
 void bi_json_raw(struct bi_json *j, const char *key, const char *raw);
-/* Writes s as a JSON string literal with quotes. */
+/* Writes s as a JSON string literal with quotes, escaped as qemu does:
+ * \" \\ \b \f \n \r \t, other controls and non-ASCII as \uXXXX
+ * (surrogate pairs beyond the BMP), invalid UTF-8 as \uFFFD. */
 void bi_json_write_string(FILE *out, const char *s);
 
 #endif
