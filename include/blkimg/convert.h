@@ -1,0 +1,121 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libblkimg copy engine: the machinery behind `blkimg convert` (and dd,
+ * rebase, commit), plus qemu-img compatible progress reporting and image
+ * size measurement.
+ *
+ * The engine copies the concatenation of one or more source nodes into a
+ * target node with many requests in flight. It never reads what block
+ * status reports as zero or unallocated, skips zero ranges when the target
+ * already reads as zeroes, writes zeroes efficiently otherwise, detects
+ * runs of zeroes in data (sparse output), can compress through the target
+ * driver and can offload the copy with copy_file_range.
+ */
+#ifndef BLKIMG_CONVERT_H
+#define BLKIMG_CONVERT_H
+
+#include "blkimg/blkimg.h"
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Progress callback: done and total are the bytes the copy has to move
+ * (allocated bytes); the qemu-img percentage is 100.0 * done / total. */
+typedef void bi_convert_progress_cb(void *opaque, uint64_t done,
+                                    uint64_t total);
+
+struct bi_convert_opts {
+    bi_node *const *src; /* sources, concatenated in order */
+    int n_src;
+    bi_node *dst;
+    /* Target reads as zeroes everywhere (freshly created, or the user said
+     * --target-is-zero): zero ranges are skipped. */
+    bool target_is_zero;
+    /* -B: the target has a backing file equal to each source's backing
+     * file: what is unallocated above the sources' backing stays
+     * unallocated in the target. */
+    bool target_has_backing;
+    /* Size of the target's backing file when target_has_backing (beyond it,
+     * unallocated reads as zeroes anyway); -1 if unknown. */
+    int64_t target_backing_size;
+    bool compress;                    /* -c: write compressed clusters */
+    uint64_t min_sparse;              /* -S in bytes; 0 = write every byte */
+    int num_coroutines;               /* -m (1..16) */
+    bool out_of_order;                /* -W */
+    bool copy_range;                  /* -C: copy_file_range where possible */
+    uint64_t buf_size;                /* bytes per request; 0 = 2 MiB */
+    bool flush;                       /* flush the target at the end */
+    bi_convert_progress_cb *progress; /* may be NULL */
+    void *progress_opaque;
+    /* If non-NULL and set non-zero (e.g. by a signal handler), the copy
+     * stops as soon as the requests in flight finish: -ECANCELED. */
+    volatile sig_atomic_t *cancel;
+};
+
+BI_EXPORT void bi_convert_opts_init(struct bi_convert_opts *o);
+
+/* Runs the copy. On failure err gets one line such as "error while
+ * writing at byte 1048576: No space left on device". */
+BI_EXPORT int bi_convert(const struct bi_convert_opts *o, bi_error *err);
+
+/* ---------------------------------------------------------- progress */
+
+enum bi_progress_mode {
+    BI_PROGRESS_NONE = 0,
+    BI_PROGRESS_QEMU, /* "    (NN.NN/100%)\r" lines, as qemu-img -p */
+    BI_PROGRESS_BAR,  /* a bar with rate and time left (stderr if tty) */
+    BI_PROGRESS_JSON, /* one JSON object a line */
+};
+
+struct bi_progress {
+    enum bi_progress_mode mode;
+    FILE *out;
+    float current; /* percent, qemu's float arithmetic */
+    float last_print;
+    float min_skip;
+    uint64_t start_ns;
+    uint64_t last_ns;
+    uint64_t done, total; /* bytes, for bar and json */
+    const char *op;       /* operation name for json ("convert") */
+};
+
+/* Parses "qemu", "bar", "json" (--progress=MODE). */
+BI_EXPORT int bi_progress_parse(const char *s, enum bi_progress_mode *out);
+BI_EXPORT void bi_progress_init(struct bi_progress *p,
+                                enum bi_progress_mode mode, float min_skip,
+                                const char *op);
+/* qemu_progress_print(): with max == 0 delta is the absolute percentage,
+ * else a delta as fraction of max percent. */
+BI_EXPORT void bi_progress_print(struct bi_progress *p, float delta, int max);
+/* Byte counts for the extended modes (and percentage for all). */
+BI_EXPORT void bi_progress_bytes(struct bi_progress *p, uint64_t done,
+                                 uint64_t total);
+BI_EXPORT void bi_progress_end(struct bi_progress *p);
+/* A bi_convert_progress_cb driving a struct bi_progress. */
+BI_EXPORT void bi_progress_convert_cb(void *opaque, uint64_t done,
+                                      uint64_t total);
+
+/* ----------------------------------------------------------- measure */
+
+struct bi_measure {
+    uint64_t required;
+    uint64_t fully_allocated;
+    bool has_bitmaps;
+    uint64_t bitmaps;
+};
+/* Sizes a new image of format (raw, qcow2) with creation options (-o,
+ * NULL-terminated "key=value") would need: for the contents of src if
+ * non-NULL, else for an empty image of the size in the options. */
+BI_EXPORT int bi_measure(const char *format, const char *const *options,
+                         bi_node *src, struct bi_measure *out, bi_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

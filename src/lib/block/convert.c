@@ -1,0 +1,788 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * The copy engine behind convert.
+ *
+ * N worker coroutines share one cursor over the concatenated sources. Under
+ * a coroutine mutex a worker takes the next chunk: one run of one kind
+ * (data, zero, left to the backing file) as block status reports it, cut
+ * to the buffer size and to cluster boundaries. Data chunks are read into
+ * the worker's own aligned buffer and written from that same buffer (no
+ * copy); zero chunks are skipped when the target reads as zero, else
+ * written as efficient zero writes. Within data, runs of zeroes of at
+ * least min_sparse bytes are not written (sparse output).
+ *
+ * Writes go out in order unless out_of_order is set (or the target is raw,
+ * where the order of writes cannot change the layout): a worker then waits
+ * for the chunks before its own to be written.
+ */
+#include "blkimg/convert.h"
+#include "block/block.h"
+#include "util/coroutine.h"
+#include "util/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define SECTOR 512ULL
+#define DEFAULT_BUF (2ULL * 1024 * 1024)
+#define MAX_BUF (16ULL * 1024 * 1024)
+#define MAX_COROUTINES 16
+
+enum chunk_kind { CK_DATA, CK_ZERO, CK_BACKING };
+
+enum err_kind { EK_NONE, EK_STATUS, EK_READ, EK_WRITE };
+
+struct cv_fd {
+    bi_node *node;
+    int fd;
+};
+
+struct cv_cursor {
+    uint64_t pos;         /* next offset to hand out */
+    uint64_t status_end;  /* end of the cached status run */
+    enum chunk_kind kind; /* kind of the cached run */
+    bool host_valid;      /* cached run has a host mapping */
+    bi_node *host_file;
+    uint64_t host_start; /* host offset of the run's start */
+    uint64_t run_start;
+};
+
+struct cv_state {
+    const struct bi_convert_opts *o;
+    bi_node *const *src;
+    int n_src;
+    uint64_t *src_start; /* n_src + 1 entries */
+    uint64_t *src_align;
+    uint64_t total;
+    bi_node *dst;
+
+    bool has_zero_init;
+    uint64_t min_sparse; /* bytes */
+    uint64_t align;      /* zero detection alignment, bytes */
+    uint64_t cluster;    /* target cluster size (0 = none) */
+    uint64_t buf_size;
+    bool in_order;
+
+    struct cv_cursor cur;
+    bi_co_mutex lock;
+
+    uint64_t wr_next;
+    bi_co_queue wr_wait;
+
+    int ret;
+    enum err_kind ekind;
+    uint64_t eoff;
+
+    uint64_t done, alloc_total;
+
+    int running;
+    bi_co_queue done_q;
+    bool finished;
+
+    void *zero_buf;
+    uint64_t mem_align;
+
+    bool copy_range;
+    int dst_fd;
+    struct cv_fd fds[8];
+    int n_fds;
+};
+
+void bi_convert_opts_init(struct bi_convert_opts *o)
+{
+    memset(o, 0, sizeof(*o));
+    o->min_sparse = 4096;
+    o->num_coroutines = 8;
+    o->target_backing_size = -1;
+    o->flush = true;
+}
+
+static bool cancelled(struct cv_state *s)
+{
+    return s->o->cancel && *s->o->cancel;
+}
+
+static void set_error(struct cv_state *s, int ret, enum err_kind k,
+                      uint64_t off)
+{
+    if (s->ret == 0) {
+        s->ret = ret;
+        s->ekind = k;
+        s->eoff = off;
+    }
+    /* Wake everyone waiting for their turn: they bail out. */
+    bi_co_queue_wake_all(&s->wr_wait);
+}
+
+static int src_index(struct cv_state *s, uint64_t pos)
+{
+    int i = 0;
+    while (i + 1 < s->n_src && pos >= s->src_start[i + 1]) {
+        i++;
+    }
+    /* Skip empty sources */
+    while (i + 1 < s->n_src && s->src_start[i + 1] == s->src_start[i]) {
+        i++;
+    }
+    return i;
+}
+
+/* Refreshes the cursor's status run at c->pos. */
+static int cursor_status(struct cv_state *s, struct cv_cursor *c)
+{
+    int i = src_index(s, c->pos);
+    bi_node *src = s->src[i];
+    uint64_t soff = c->pos - s->src_start[i];
+    uint64_t slen = s->src_start[i + 1] - c->pos;
+    bi_node *base = s->o->target_has_backing ? bi_node_backing(src) : NULL;
+    struct bi_status st;
+    int ret;
+
+    memset(&st, 0, sizeof(st));
+    ret = bi_block_status_above(src, base, soff, slen, &st);
+    if (ret < 0) {
+        return ret;
+    }
+    if (st.len == 0 || st.len > slen) {
+        st.len = slen;
+    }
+    uint64_t n = st.len;
+    bool post_backing_zero = false;
+    if (s->o->target_has_backing && s->o->target_backing_size >= 0) {
+        uint64_t bsz = (uint64_t)s->o->target_backing_size;
+        if (c->pos >= bsz) {
+            post_backing_zero = true;
+        } else if (c->pos + n > bsz) {
+            n = bsz - c->pos;
+        }
+    }
+    if (st.flags & BI_BS_ZERO) {
+        c->kind = post_backing_zero ? CK_BACKING : CK_ZERO;
+    } else if (st.flags & BI_BS_DATA) {
+        c->kind = CK_DATA;
+    } else {
+        c->kind = s->o->target_has_backing ? CK_BACKING : CK_DATA;
+    }
+    /* Keep the next status query aligned to the source's alignment (no
+     * needless partial reads). */
+    uint64_t a = s->src_align[i];
+    if (a > 1 && soff + n < s->src_start[i + 1] - s->src_start[i]) {
+        uint64_t tail = (soff + n) % a;
+        if (n > tail) {
+            n -= tail;
+        }
+    }
+    c->host_valid = (st.flags & BI_BS_OFFSET_VALID) && st.file &&
+                    !(st.flags & BI_BS_COMPRESSED) && c->kind == CK_DATA;
+    c->host_file = st.file;
+    c->host_start = st.offset;
+    c->run_start = c->pos;
+    c->status_end = c->pos + n;
+    return 0;
+}
+
+/* qemu's convert_iteration_sectors(): the length of the next chunk at
+ * c->pos and its kind. */
+static int64_t cursor_next(struct cv_state *s, struct cv_cursor *c,
+                           enum chunk_kind *kind)
+{
+    if (c->pos >= c->status_end) {
+        int ret = cursor_status(s, c);
+        if (ret < 0) {
+            return ret;
+        }
+    }
+    uint64_t n = c->status_end - c->pos;
+    *kind = c->kind;
+    if (*kind == CK_DATA || (!s->min_sparse && *kind == CK_ZERO)) {
+        n = BI_MIN(n, s->buf_size);
+    }
+    if (s->o->compress) {
+        if (n < s->cluster) {
+            n = BI_MIN(s->cluster, s->total - c->pos);
+            *kind = CK_DATA;
+        } else {
+            n = bi_align_down(n, s->cluster);
+        }
+    } else if (*kind == CK_DATA && s->cluster > 1 && n > s->cluster) {
+        /* End data chunks on a target cluster boundary: no partial-cluster
+         * copy-on-write in the middle of the copy. */
+        uint64_t end = bi_align_down(c->pos + n, s->cluster);
+        if (end > c->pos) {
+            n = end - c->pos;
+        }
+    }
+    return (int64_t)n;
+}
+
+/* ------------------------------------------------------------ the copy */
+
+struct chunk {
+    uint64_t off, len;
+    enum chunk_kind kind;
+    bool host_valid;
+    bi_node *host_file;
+    uint64_t host_off;
+};
+
+static int take_chunk(struct cv_state *s, struct chunk *ch)
+{
+    int64_t n;
+    int ret = 0;
+
+    bi_co_mutex_lock(&s->lock);
+    if (s->ret || s->cur.pos >= s->total) {
+        ret = 1;
+        goto out;
+    }
+    if (cancelled(s)) {
+        set_error(s, -ECANCELED, EK_NONE, s->cur.pos);
+        ret = 1;
+        goto out;
+    }
+    n = cursor_next(s, &s->cur, &ch->kind);
+    if (n < 0) {
+        set_error(s, (int)n, EK_STATUS, s->cur.pos);
+        ret = 1;
+        goto out;
+    }
+    ch->off = s->cur.pos;
+    ch->len = (uint64_t)n;
+    ch->host_valid = s->cur.host_valid && ch->kind == CK_DATA &&
+                     ch->off + ch->len <= s->cur.status_end;
+    ch->host_file = s->cur.host_file;
+    ch->host_off = s->cur.host_start + (ch->off - s->cur.run_start);
+    s->cur.pos += (uint64_t)n;
+out:
+    bi_co_mutex_unlock(&s->lock);
+    return ret;
+}
+
+/* Reads [off, off+len) of the concatenated sources into buf. */
+static int co_read(struct cv_state *s, uint64_t off, uint64_t len, void *buf)
+{
+    uint8_t *p = buf;
+    while (len) {
+        int i = src_index(s, off);
+        uint64_t n = BI_MIN(len, s->src_start[i + 1] - off);
+        int ret = bi_co_pread(s->src[i], off - s->src_start[i], p, n);
+        if (ret < 0) {
+            set_error(s, ret, EK_READ, off);
+            return ret;
+        }
+        off += n;
+        len -= n;
+        p += n;
+    }
+    return 0;
+}
+
+static int co_write(struct cv_state *s, uint64_t off, uint64_t len,
+                    const void *buf)
+{
+    int ret = bi_co_pwrite(s->dst, off, buf, len, 0);
+    if (ret < 0) {
+        set_error(s, ret, EK_WRITE, off);
+    }
+    return ret;
+}
+
+static int co_zero(struct cv_state *s, uint64_t off, uint64_t len)
+{
+    int ret = bi_co_pwrite_zeroes(s->dst, off, len, BI_REQ_MAY_UNMAP);
+    if (ret < 0) {
+        set_error(s, ret, EK_WRITE, off);
+    }
+    return ret;
+}
+
+/* qemu's is_allocated_sectors(): length (bytes) of the run of zero or
+ * non-zero sectors at buf, with run ends moved to the alignment. */
+static bool run_is_data(const uint8_t *buf, uint64_t len, uint64_t off,
+                        uint64_t align, uint64_t *pnum)
+{
+    uint64_t i;
+    bool zero;
+
+    zero = bi_buf_is_zero(buf, BI_MIN(SECTOR, len));
+    for (i = SECTOR; i < len; i += SECTOR) {
+        if (zero != bi_buf_is_zero(buf + i, BI_MIN(SECTOR, len - i))) {
+            break;
+        }
+    }
+    if (i >= len) {
+        *pnum = len;
+        return !zero;
+    }
+    uint64_t tail = (off + i) % align;
+    if (tail) {
+        if (zero && i <= tail) {
+            zero = false; /* the next data would rewrite this anyway */
+        }
+        if (!zero) {
+            i = BI_MIN(i + align - tail, len);
+        } else {
+            i -= tail;
+        }
+    }
+    *pnum = i;
+    return !zero;
+}
+
+/* qemu's is_allocated_sectors_min(): a data run may swallow zero runs
+ * shorter than min. */
+static bool run_is_data_min(const uint8_t *buf, uint64_t len, uint64_t off,
+                            uint64_t min, uint64_t align, uint64_t *pnum)
+{
+    uint64_t num_used, num_checked, n;
+
+    if (len < min) {
+        min = len;
+    }
+    if (!run_is_data(buf, len, off, align, pnum)) {
+        return false;
+    }
+    num_used = num_checked = *pnum;
+    while (num_checked < len) {
+        bool data = run_is_data(buf + num_checked, len - num_checked,
+                                off + num_checked, align, &n);
+        num_checked += n;
+        if (data) {
+            num_used = num_checked;
+        } else if (n >= min) {
+            break;
+        }
+    }
+    *pnum = num_used;
+    return true;
+}
+
+struct cfr_arg {
+    int in_fd, out_fd;
+    uint64_t in_off, out_off, len;
+};
+
+static int cfr_fn(void *opaque)
+{
+    struct cfr_arg *a = opaque;
+    loff_t in = (loff_t)a->in_off, out = (loff_t)a->out_off;
+    uint64_t left = a->len;
+    while (left) {
+        ssize_t r = copy_file_range(a->in_fd, &in, a->out_fd, &out, left, 0);
+        if (r < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return -errno;
+        }
+        if (r == 0) {
+            return -EIO;
+        }
+        left -= (uint64_t)r;
+    }
+    return 0;
+}
+
+static int fd_for(struct cv_state *s, bi_node *file)
+{
+    for (int i = 0; i < s->n_fds; i++) {
+        if (s->fds[i].node == file) {
+            return s->fds[i].fd;
+        }
+    }
+    if (s->n_fds == (int)BI_ARRAY_SIZE(s->fds)) {
+        return -1;
+    }
+    int fd = open(bi_node_filename(file), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return -1;
+    }
+    s->fds[s->n_fds].node = file;
+    s->fds[s->n_fds].fd = fd;
+    s->n_fds++;
+    return fd;
+}
+
+/* Copy offload of a data chunk; false if it could not be used (the caller
+ * copies normally then, and offload is not tried again). */
+static bool try_copy_range(struct cv_state *s, const struct chunk *ch)
+{
+    if (!s->copy_range || !ch->host_valid || !ch->host_file ||
+        !ch->host_file->drv || !ch->host_file->drv->is_protocol) {
+        return false;
+    }
+    int in_fd = fd_for(s, ch->host_file);
+    if (in_fd < 0) {
+        s->copy_range = false;
+        return false;
+    }
+    struct cfr_arg a = {.in_fd = in_fd,
+                        .out_fd = s->dst_fd,
+                        .in_off = ch->host_off,
+                        .out_off = ch->off,
+                        .len = ch->len};
+    int ret = bi_run_in_thread(cfr_fn, &a);
+    if (ret < 0) {
+        s->copy_range = false;
+        return false;
+    }
+    return true;
+}
+
+static bool wait_turn(struct cv_state *s, const struct chunk *ch)
+{
+    if (!s->in_order) {
+        return !s->ret;
+    }
+    while (!s->ret && s->wr_next != ch->off) {
+        bi_co_queue_wait(&s->wr_wait);
+    }
+    return !s->ret;
+}
+
+static void end_turn(struct cv_state *s, const struct chunk *ch)
+{
+    if (s->in_order && !s->ret) {
+        s->wr_next = ch->off + ch->len;
+        bi_co_queue_wake_all(&s->wr_wait);
+    }
+}
+
+static int write_data(struct cv_state *s, const struct chunk *ch,
+                      const uint8_t *buf)
+{
+    uint64_t off = ch->off, len = ch->len;
+
+    if (s->o->compress) {
+        if (s->min_sparse && bi_buf_is_zero(buf, len)) {
+            return s->has_zero_init ? 0 : co_zero(s, off, len);
+        }
+        int ret = bi_co_pwrite_compressed(s->dst, off, buf, len);
+        if (ret < 0) {
+            set_error(s, ret, EK_WRITE, off);
+        }
+        return ret;
+    }
+    if (!s->min_sparse) {
+        return co_write(s, off, len, buf);
+    }
+    while (len) {
+        uint64_t n;
+        int ret;
+        if (run_is_data_min(buf, len, off, s->min_sparse, s->align, &n)) {
+            ret = co_write(s, off, n, buf);
+        } else if (s->has_zero_init) {
+            ret = 0;
+        } else {
+            ret = co_zero(s, off, n);
+        }
+        if (ret < 0) {
+            return ret;
+        }
+        off += n;
+        len -= n;
+        buf += n;
+    }
+    return 0;
+}
+
+static int do_chunk(struct cv_state *s, const struct chunk *ch, uint8_t *buf)
+{
+    int ret = 0;
+
+    switch (ch->kind) {
+    case CK_BACKING:
+        if (!wait_turn(s, ch)) {
+            return -1;
+        }
+        break;
+    case CK_ZERO:
+        if (!s->min_sparse) {
+            /* -S 0: fully allocated output; no need to read zeroes. */
+            if (!wait_turn(s, ch)) {
+                return -1;
+            }
+            for (uint64_t o = 0; o < ch->len && ret == 0; o += s->buf_size) {
+                uint64_t n = BI_MIN(s->buf_size, ch->len - o);
+                ret = co_write(s, ch->off + o, n, s->zero_buf);
+            }
+            break;
+        }
+        if (!wait_turn(s, ch)) {
+            return -1;
+        }
+        if (!s->has_zero_init) {
+            ret = co_zero(s, ch->off, ch->len);
+        }
+        break;
+    case CK_DATA:
+        if (s->copy_range && !s->in_order) {
+            if (try_copy_range(s, ch)) {
+                break;
+            }
+        }
+        ret = co_read(s, ch->off, ch->len, buf);
+        if (ret < 0) {
+            return ret;
+        }
+        if (!wait_turn(s, ch)) {
+            return -1;
+        }
+        ret = write_data(s, ch, buf);
+        break;
+    }
+    if (ret == 0) {
+        end_turn(s, ch);
+    }
+    return ret;
+}
+
+static void worker(void *opaque)
+{
+    struct cv_state *s = opaque;
+    uint8_t *buf = bi_alloc_aligned(s->mem_align, s->buf_size);
+    struct chunk ch;
+
+    if (!buf) {
+        set_error(s, -ENOMEM, EK_NONE, 0);
+    }
+    while (buf && take_chunk(s, &ch) == 0) {
+        if (do_chunk(s, &ch, buf) < 0) {
+            break;
+        }
+        if (ch.kind == CK_DATA || (!s->min_sparse && ch.kind == CK_ZERO)) {
+            s->done += ch.len;
+            if (s->o->progress && s->alloc_total) {
+                s->o->progress(s->o->progress_opaque, s->done, s->alloc_total);
+            }
+        }
+    }
+    bi_free_aligned(buf);
+    if (--s->running == 0) {
+        s->finished = true;
+        bi_co_queue_wake_all(&s->done_q);
+    }
+}
+
+static int count_allocated(struct cv_state *s)
+{
+    struct cv_cursor c;
+    memset(&c, 0, sizeof(c));
+    s->alloc_total = 0;
+    while (c.pos < s->total) {
+        enum chunk_kind k;
+        int64_t n = cursor_next(s, &c, &k);
+        if (n < 0) {
+            set_error(s, (int)n, EK_STATUS, c.pos);
+            return (int)n;
+        }
+        if (k == CK_DATA || (!s->min_sparse && k == CK_ZERO)) {
+            s->alloc_total += (uint64_t)n;
+        }
+        c.pos += (uint64_t)n;
+        if (cancelled(s)) {
+            set_error(s, -ECANCELED, EK_NONE, c.pos);
+            return -ECANCELED;
+        }
+    }
+    return 0;
+}
+
+static int convert_co(void *opaque)
+{
+    struct cv_state *s = opaque;
+    int n = s->o->num_coroutines;
+
+    if (s->o->progress) {
+        if (count_allocated(s) < 0) {
+            return s->ret;
+        }
+    }
+    s->running = n;
+    for (int i = 0; i < n; i++) {
+        bi_co *co = bi_co_create(worker, s);
+        bi_co_wake(co);
+    }
+    while (!s->finished) {
+        bi_co_queue_wait(&s->done_q);
+    }
+    if (s->ret == 0 && s->o->flush) {
+        int ret = bi_co_flush(s->dst);
+        if (ret < 0) {
+            set_error(s, ret, EK_WRITE, s->total);
+        }
+    }
+    return s->ret;
+}
+
+static uint64_t pow2floor(uint64_t v)
+{
+    uint64_t p = 1;
+    while (p * 2 <= v && p * 2 != 0) {
+        p *= 2;
+    }
+    return p;
+}
+
+static uint64_t node_cluster(bi_node *n)
+{
+    struct bi_image_info info;
+    bi_error e;
+    uint64_t c = 0;
+
+    bi_error_init(&e);
+    memset(&info, 0, sizeof(info));
+    if (bi_get_info(n, &info, &e) == 0) {
+        c = info.cluster_size;
+        bi_info_free(&info);
+    }
+    return c;
+}
+
+int bi_convert(const struct bi_convert_opts *o, bi_error *err)
+{
+    struct cv_state s;
+    int ret;
+
+    memset(&s, 0, sizeof(s));
+    s.o = o;
+    s.src = o->src;
+    s.n_src = o->n_src;
+    s.dst = o->dst;
+    s.dst_fd = -1;
+    if (o->n_src < 1 || !o->dst) {
+        bi_error_set(err, EINVAL, "Nothing to convert");
+        return -EINVAL;
+    }
+    if (o->num_coroutines < 1 || o->num_coroutines > MAX_COROUTINES) {
+        bi_error_set(err, 0,
+                     "Invalid number of coroutines. Allowed number of "
+                     "coroutines is between 1 and %d",
+                     MAX_COROUTINES);
+        return -EINVAL;
+    }
+
+    s.src_start = bi_xzalloc(sizeof(uint64_t) * (size_t)(o->n_src + 1));
+    s.src_align = bi_xzalloc(sizeof(uint64_t) * (size_t)o->n_src);
+    for (int i = 0; i < o->n_src; i++) {
+        int64_t len = bi_getlength(o->src[i]);
+        if (len < 0) {
+            bi_error_set(err, (int)-len, "Could not get size of '%s'",
+                         bi_node_filename(o->src[i]));
+            ret = (int)len;
+            goto out;
+        }
+        s.src_start[i + 1] = s.src_start[i] + (uint64_t)len;
+        uint64_t a = BI_MAX((uint64_t)o->src[i]->limits.request_alignment,
+                            node_cluster(o->src[i]));
+        s.src_align[i] = a ? a : 1;
+    }
+    s.total = s.src_start[o->n_src];
+
+    s.min_sparse = o->min_sparse;
+    s.cluster = node_cluster(o->dst);
+    s.buf_size = o->buf_size ? o->buf_size : DEFAULT_BUF;
+    s.buf_size = BI_MIN(s.buf_size, MAX_BUF);
+    if (o->compress) {
+        if (s.cluster == 0 || s.cluster > MAX_BUF) {
+            bi_error_set(err, 0, "invalid cluster size");
+            ret = -EINVAL;
+            goto out;
+        }
+        s.buf_size = s.cluster;
+    } else {
+        s.buf_size = BI_MAX(s.buf_size, s.cluster);
+        s.buf_size = BI_MIN(s.buf_size, MAX_BUF);
+    }
+    s.align = BI_MAX(pow2floor(s.min_sparse / SECTOR) * SECTOR,
+                     bi_align_up(o->dst->limits.request_alignment, SECTOR));
+    if (s.align == 0) {
+        s.align = SECTOR;
+    }
+    s.has_zero_init = o->target_is_zero && !o->target_has_backing;
+    s.mem_align = BI_MAX((uint64_t)o->dst->limits.opt_mem_alignment,
+                         (uint64_t)bi_page_size());
+    for (int i = 0; i < o->n_src; i++) {
+        s.mem_align =
+            BI_MAX(s.mem_align, (uint64_t)o->src[i]->limits.opt_mem_alignment);
+    }
+    /* The order of writes to a raw target changes nothing in its layout. */
+    s.in_order = !o->out_of_order && strcmp(bi_node_format(o->dst), "raw") != 0;
+
+    if (o->copy_range && !o->compress && bi_node_file(o->dst) &&
+        strcmp(bi_node_format(o->dst), "raw") == 0) {
+        s.dst_fd =
+            open(bi_node_filename(bi_node_file(o->dst)), O_WRONLY | O_CLOEXEC);
+        s.copy_range = s.dst_fd >= 0;
+    }
+
+    if (!s.min_sparse) {
+        s.zero_buf = bi_alloc_aligned(s.mem_align, s.buf_size);
+        if (!s.zero_buf) {
+            bi_error_set(err, ENOMEM, "Could not allocate buffer");
+            ret = -ENOMEM;
+            goto out;
+        }
+        memset(s.zero_buf, 0, s.buf_size);
+    }
+
+    bi_co_mutex_init(&s.lock);
+    bi_co_queue_init(&s.wr_wait);
+    bi_co_queue_init(&s.done_q);
+
+    ret = bi_run_co(convert_co, &s);
+    if (s.ret < 0) {
+        ret = s.ret;
+    }
+    if (ret == 0 && s.dst_fd >= 0 && o->flush) {
+        if (fdatasync(s.dst_fd) < 0) {
+            ret = -errno;
+            s.ekind = EK_WRITE;
+            s.eoff = s.total;
+        }
+    }
+    if (ret < 0) {
+        switch (s.ekind) {
+        case EK_STATUS:
+            bi_error_set(err, -ret,
+                         "error while reading block status at offset "
+                         "%" PRIu64,
+                         s.eoff);
+            break;
+        case EK_READ:
+            bi_error_set(err, -ret, "error while reading at byte %" PRIu64,
+                         s.eoff);
+            break;
+        case EK_WRITE:
+            bi_error_set(err, -ret, "error while writing at byte %" PRIu64,
+                         s.eoff);
+            break;
+        case EK_NONE:
+            if (ret == -ECANCELED) {
+                bi_error_set(err, 0,
+                             "Interrupted: copy stopped at byte %" PRIu64
+                             " of %" PRIu64,
+                             s.eoff, s.total);
+            } else {
+                bi_error_set(err, -ret, "Conversion failed");
+            }
+            break;
+        }
+    }
+out:
+    for (int i = 0; i < s.n_fds; i++) {
+        close(s.fds[i].fd);
+    }
+    if (s.dst_fd >= 0) {
+        close(s.dst_fd);
+    }
+    bi_free_aligned(s.zero_buf);
+    free(s.src_start);
+    free(s.src_align);
+    return ret;
+}
