@@ -1,1 +1,1069 @@
 /* SPDX-License-Identifier: MIT */
+/*
+ * The "file" protocol driver: regular files and block devices through POSIX
+ * calls and the I/O engine.
+ *
+ * Requests reach it already aligned to n->limits and split by the generic
+ * layer; it only turns them into engine I/O, resubmits short transfers and
+ * zero-fills reads past the end of the file.
+ */
+#include "protocol/file.h"
+#include "io/aio.h"
+#include "util/util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/falloc.h>
+#include <linux/fs.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/vfs.h>
+#include <unistd.h>
+
+struct file_state {
+    int fd;
+    int open_flags;
+    bool is_blk;
+    bool direct;
+    bool dsync;  /* O_DSYNC: every write is durable when it completes */
+    bool unsafe; /* cache=unsafe: flushes are no-ops */
+    bool use_lock;
+    bool force_share;
+    struct bi_file_lock lock;
+    int flush_error;    /* sticky: a failed fdatasync loses the page cache */
+    bool no_zero_range; /* FALLOC_FL_ZERO_RANGE refused once */
+    bool no_punch;      /* FALLOC_FL_PUNCH_HOLE refused once */
+};
+
+static int set_errno_error(bi_error *err, int ret, const char *fmt,
+                           const char *arg)
+{
+    bi_error_set(err, ret, fmt, arg);
+    return ret;
+}
+
+/* ------------------------------------------------------------ helpers */
+
+static int64_t run_io(struct bi_io *io)
+{
+    return bi_io_run(io);
+}
+
+/* Runs fn(arg) on a worker thread (blocking syscalls). */
+static int run_work(int (*fn)(void *), void *arg)
+{
+    struct bi_io io;
+
+    memset(&io, 0, sizeof(io));
+    io.op = BI_IO_WORK;
+    io.fd = -1;
+    io.work_fn = fn;
+    io.work_arg = arg;
+    return (int)run_io(&io);
+}
+
+static int do_fallocate(struct file_state *s, int mode, uint64_t off,
+                        uint64_t len)
+{
+    struct bi_io io;
+    int64_t r;
+
+    memset(&io, 0, sizeof(io));
+    io.op = BI_IO_FALLOCATE;
+    io.fd = s->fd;
+    io.mode = mode;
+    io.offset = off;
+    io.len = len;
+    r = run_io(&io);
+    return r < 0 ? (int)r : 0;
+}
+
+struct fd_op {
+    int fd;
+    unsigned long req; /* ioctl */
+    uint64_t a, b;     /* ftruncate: a = size; ioctl range: a, b */
+};
+
+static int ftruncate_work(void *arg)
+{
+    struct fd_op *op = arg;
+    if (ftruncate(op->fd, (off_t)op->a) < 0) {
+        return -errno;
+    }
+    return 0;
+}
+
+static int range_ioctl_work(void *arg)
+{
+    struct fd_op *op = arg;
+    uint64_t range[2] = {op->a, op->b};
+    if (ioctl(op->fd, op->req, range) < 0) {
+        return -errno;
+    }
+    return 0;
+}
+
+static int fd_ftruncate(int fd, uint64_t size)
+{
+    struct fd_op op = {.fd = fd, .a = size};
+    return run_work(ftruncate_work, &op);
+}
+
+static int64_t fd_size(int fd, bool is_blk)
+{
+    struct stat st;
+
+    if (is_blk) {
+        uint64_t sz;
+        if (ioctl(fd, BLKGETSIZE64, &sz) < 0) {
+            return -errno;
+        }
+        return (int64_t)sz;
+    }
+    if (fstat(fd, &st) < 0) {
+        return -errno;
+    }
+    return st.st_size;
+}
+
+/* Writes len zero bytes at off with plain pwrite from an aligned buffer
+ * (synchronous; for create and the unaligned edges of preallocation). */
+static int pwrite_zeroes_sync(int fd, uint64_t off, uint64_t len, size_t align)
+{
+    size_t chunk = 1 << 20;
+    void *buf;
+    int ret = 0;
+
+    if (!len) {
+        return 0;
+    }
+    chunk = BI_MIN(chunk, bi_align_up(len, align));
+    buf = bi_alloc_aligned(align, chunk);
+    if (!buf) {
+        return -ENOMEM;
+    }
+    memset(buf, 0, chunk);
+    while (len) {
+        size_t n = BI_MIN(len, (uint64_t)chunk);
+        ssize_t r = pwrite(fd, buf, n, (off_t)off);
+        if (r < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            ret = -errno;
+            break;
+        }
+        if (r == 0) {
+            ret = -ENOSPC;
+            break;
+        }
+        off += (uint64_t)r;
+        len -= (uint64_t)r;
+    }
+    bi_free_aligned(buf);
+    return ret;
+}
+
+/* A second, buffered file description on the same file (for writes that
+ * cannot be aligned for O_DIRECT). */
+static int reopen_buffered(int fd)
+{
+    char path[64];
+
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    return open(path, O_WRONLY | O_CLOEXEC);
+}
+
+/* --------------------------------------------------------------- open */
+
+static int file_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
+{
+    struct file_state *s = n->opaque;
+    struct stat st;
+    int64_t size;
+    int flags;
+    int ret;
+
+    s->fd = -1;
+    s->direct = o->cache == BI_CACHE_NONE || o->cache == BI_CACHE_DIRECTSYNC;
+    s->dsync =
+        o->cache == BI_CACHE_WRITETHROUGH || o->cache == BI_CACHE_DIRECTSYNC;
+    s->unsafe = o->cache == BI_CACHE_UNSAFE;
+    s->use_lock = !o->no_lock;
+    s->force_share = o->force_share;
+    s->lock.perm = 0;
+    s->lock.shared = BI_PERM_ALL;
+
+    flags = (o->read_write ? O_RDWR : O_RDONLY) | O_CLOEXEC;
+    if (s->direct) {
+        flags |= O_DIRECT;
+    }
+    if (s->dsync) {
+        flags |= O_DSYNC;
+    }
+
+    do {
+        s->fd = open(n->filename, flags);
+    } while (s->fd < 0 && errno == EINTR);
+    if (s->fd < 0) {
+        ret = -errno;
+        if (ret == -EINVAL && s->direct) {
+            bi_error_set(err, 0,
+                         "Could not open '%s': filesystem does not support "
+                         "O_DIRECT: %s (try cache=writeback)",
+                         n->filename, strerror(EINVAL));
+            if (err) {
+                err->code = -EINVAL;
+            }
+            return -EINVAL;
+        }
+        if (ret == -EROFS) {
+            ret = -EACCES;
+        }
+        return set_errno_error(err, ret, "Could not open '%s'", n->filename);
+    }
+    s->open_flags = flags;
+
+    if (fstat(s->fd, &st) < 0) {
+        ret = -errno;
+        bi_error_set(err, ret, "Could not stat '%s'", n->filename);
+        goto fail;
+    }
+    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+        ret = -EINVAL;
+        bi_error_set(err, 0,
+                     "'file' driver requires '%s' to be a regular file or a "
+                     "block device",
+                     n->filename);
+        goto fail;
+    }
+    s->is_blk = S_ISBLK(st.st_mode);
+
+    if (s->is_blk && o->read_write) {
+        int ro = 0;
+        if (ioctl(s->fd, BLKROGET, &ro) == 0 && ro) {
+            ret = -EACCES;
+            bi_error_set(err, EACCES, "The device is not writable");
+            goto fail;
+        }
+    }
+
+    size = fd_size(s->fd, s->is_blk);
+    if (size < 0) {
+        ret = (int)size;
+        bi_error_set(err, ret, "Could not get the size of '%s'", n->filename);
+        goto fail;
+    }
+    n->size = (uint64_t)size;
+    n->read_only = !o->read_write;
+    n->cache = o->cache;
+
+    if (s->use_lock) {
+        unsigned perm = BI_PERM_CONSISTENT_READ;
+        if (o->read_write) {
+            perm |= BI_PERM_WRITE;
+        }
+        ret = bi_file_lock_set(s->fd, &s->lock, perm, BI_PERM_ALL, n->filename,
+                               err);
+        if (ret < 0) {
+            goto fail;
+        }
+    }
+    return 0;
+
+fail:
+    close(s->fd);
+    s->fd = -1;
+    return ret;
+}
+
+static void file_close(bi_node *n)
+{
+    struct file_state *s = n->opaque;
+
+    if (!s || s->fd < 0) {
+        return;
+    }
+    if (s->use_lock) {
+        bi_file_lock_release(s->fd, &s->lock);
+    }
+    close(s->fd);
+    s->fd = -1;
+}
+
+int bi_file_set_perm(bi_node *n, unsigned perm, unsigned shared, bi_error *err)
+{
+    struct file_state *s;
+
+    if (!n || n->drv != &bi_drv_file) {
+        return 0;
+    }
+    s = n->opaque;
+    if (!s->use_lock || s->fd < 0) {
+        return 0;
+    }
+    if (s->force_share) {
+        shared = BI_PERM_ALL;
+    }
+    return bi_file_lock_set(s->fd, &s->lock, perm, shared, n->filename, err);
+}
+
+static void file_refresh_limits(bi_node *n)
+{
+    struct file_state *s = n->opaque;
+    struct stat st;
+
+    if (fstat(s->fd, &st) < 0) {
+        memset(&st, 0, sizeof(st));
+        st.st_mode = S_IFREG;
+    }
+    bi_file_limits_detect(s->fd, s->direct, &st, &n->limits, NULL);
+}
+
+/* ---------------------------------------------------------------- I/O */
+
+static int file_flush_fd(bi_node *n)
+{
+    struct file_state *s = n->opaque;
+    struct bi_io io;
+    int64_t r;
+
+    if (s->unsafe) {
+        return 0;
+    }
+    if (s->flush_error) {
+        /* After a failed fdatasync the kernel may have dropped the dirty
+         * pages: never report later flushes as successful. */
+        return s->flush_error;
+    }
+    memset(&io, 0, sizeof(io));
+    io.op = BI_IO_FSYNC;
+    io.fd = s->fd;
+    r = run_io(&io);
+    if (r < 0) {
+        s->flush_error = (int)r;
+        return (int)r;
+    }
+    return 0;
+}
+
+static int file_co_preadv(bi_node *n, uint64_t off, uint64_t len,
+                          const struct iovec *iov, int iovcnt)
+{
+    struct file_state *s = n->opaque;
+    uint32_t align =
+        n->limits.request_alignment ? n->limits.request_alignment : 1;
+    const struct iovec *cur = iov;
+    int curcnt = iovcnt;
+    struct iovec *sub = NULL;
+    uint64_t done = 0;
+    int ret = 0;
+
+    while (done < len) {
+        struct bi_io io;
+        int64_t r;
+
+        memset(&io, 0, sizeof(io));
+        io.op = BI_IO_READ;
+        io.fd = s->fd;
+        io.iov = cur;
+        io.iovcnt = curcnt;
+        io.offset = off + done;
+        r = run_io(&io);
+        if (r == -EINTR || r == -EAGAIN) {
+            continue;
+        }
+        if (r < 0) {
+            ret = (int)r;
+            break;
+        }
+        bi_stats_io(n, (uint64_t)r, 0);
+        done += (uint64_t)r;
+        if (r == 0 ||
+            (done < len && s->direct && !bi_is_aligned(off + done, align))) {
+            /* End of file (a direct read stops short only there). */
+            bi_iov_memset(iov, iovcnt, done, 0, len - done);
+            break;
+        }
+        if (done < len) {
+            if (!sub) {
+                sub = bi_xmalloc(sizeof(*sub) * (size_t)iovcnt);
+            }
+            curcnt = bi_iov_slice(iov, iovcnt, done, len - done, sub, iovcnt);
+            if (curcnt < 0) {
+                ret = curcnt;
+                break;
+            }
+            cur = sub;
+        }
+    }
+    free(sub);
+    return ret;
+}
+
+static int file_co_pwritev(bi_node *n, uint64_t off, uint64_t len,
+                           const struct iovec *iov, int iovcnt, int flags)
+{
+    struct file_state *s = n->opaque;
+    const struct iovec *cur = iov;
+    int curcnt = iovcnt;
+    struct iovec *sub = NULL;
+    uint64_t done = 0;
+    int ret = 0;
+
+    while (done < len) {
+        struct bi_io io;
+        int64_t r;
+
+        memset(&io, 0, sizeof(io));
+        io.op = BI_IO_WRITE;
+        io.fd = s->fd;
+        io.iov = cur;
+        io.iovcnt = curcnt;
+        io.offset = off + done;
+        r = run_io(&io);
+        if (r == -EINTR || r == -EAGAIN) {
+            continue;
+        }
+        if (r < 0) {
+            ret = (int)r;
+            break;
+        }
+        if (r == 0) {
+            ret = -ENOSPC;
+            break;
+        }
+        bi_stats_io(n, 0, (uint64_t)r);
+        done += (uint64_t)r;
+        if (done < len) {
+            if (!sub) {
+                sub = bi_xmalloc(sizeof(*sub) * (size_t)iovcnt);
+            }
+            curcnt = bi_iov_slice(iov, iovcnt, done, len - done, sub, iovcnt);
+            if (curcnt < 0) {
+                ret = curcnt;
+                break;
+            }
+            cur = sub;
+        }
+    }
+    free(sub);
+    if (!s->is_blk && off + done > n->size) {
+        n->size = off + done;
+    }
+    if (ret == 0 && (flags & BI_REQ_FUA) && !s->dsync) {
+        ret = file_flush_fd(n);
+    }
+    return ret;
+}
+
+static int file_co_flush(bi_node *n)
+{
+    return file_flush_fd(n);
+}
+
+/* ------------------------------------------------- zeroes and discard */
+
+static bool is_unsupported(int ret)
+{
+    return ret == -EOPNOTSUPP || ret == -ENOTSUP || ret == -ENOSYS ||
+           ret == -EINVAL || ret == -ENOTTY;
+}
+
+static int blk_range_ioctl(struct file_state *s, unsigned long req,
+                           uint64_t off, uint64_t len)
+{
+    struct fd_op op = {.fd = s->fd, .req = req, .a = off, .b = len};
+    int sector = 512;
+
+    if (ioctl(s->fd, BLKSSZGET, &sector) < 0 || sector <= 0) {
+        sector = 512;
+    }
+    if (!bi_is_aligned(off, (uint64_t)sector) ||
+        !bi_is_aligned(len, (uint64_t)sector)) {
+        return -ENOTSUP;
+    }
+    return run_work(range_ioctl_work, &op);
+}
+
+static int file_co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len,
+                                 int flags)
+{
+    struct file_state *s = n->opaque;
+    uint64_t end = off + len;
+    int64_t size;
+    int ret;
+
+    if (!len) {
+        return 0;
+    }
+    if (s->is_blk) {
+        if (flags & BI_REQ_NO_FALLBACK) {
+            /* BLKZEROOUT may write zero buffers itself: not fast. */
+            return -ENOTSUP;
+        }
+        ret = blk_range_ioctl(s, BLKZEROOUT, off, len);
+        return is_unsupported(ret) ? -ENOTSUP : ret;
+    }
+
+    size = fd_size(s->fd, false);
+    if (size < 0) {
+        return (int)size;
+    }
+
+    if ((flags & BI_REQ_MAY_UNMAP) && !s->no_punch) {
+        ret = 0;
+        if (off < (uint64_t)size) {
+            ret = do_fallocate(s, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                               off, BI_MIN(end, (uint64_t)size) - off);
+        }
+        if (ret == 0) {
+            if (end > (uint64_t)size) {
+                /* Extending reads back as zeroes. */
+                ret = fd_ftruncate(s->fd, end);
+                if (ret < 0) {
+                    return ret;
+                }
+                n->size = BI_MAX(n->size, end);
+            }
+            return 0;
+        }
+        if (!is_unsupported(ret)) {
+            return ret;
+        }
+        s->no_punch = true;
+    }
+
+    if (!s->no_zero_range) {
+        ret = do_fallocate(s, FALLOC_FL_ZERO_RANGE, off, len);
+        if (ret == 0) {
+            if (end > n->size) {
+                n->size = end;
+            }
+            return 0;
+        }
+        if (!is_unsupported(ret)) {
+            return ret;
+        }
+        s->no_zero_range = true;
+    }
+
+    /* Punch a hole, then allocate the range again (e.g. tmpfs). */
+    if (!s->no_punch) {
+        ret = 0;
+        if (off < (uint64_t)size) {
+            ret = do_fallocate(s, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
+                               off, BI_MIN(end, (uint64_t)size) - off);
+        }
+        if (ret == 0) {
+            ret = do_fallocate(s, 0, off, len);
+            if (ret == 0) {
+                if (end > n->size) {
+                    n->size = end;
+                }
+                return 0;
+            }
+        }
+        if (!is_unsupported(ret)) {
+            return ret;
+        }
+        s->no_punch = true;
+    }
+    return -ENOTSUP;
+}
+
+static int file_co_pdiscard(bi_node *n, uint64_t off, uint64_t len)
+{
+    struct file_state *s = n->opaque;
+    int64_t size;
+    int ret;
+
+    if (!len) {
+        return 0;
+    }
+    if (s->is_blk) {
+        ret = blk_range_ioctl(s, BLKDISCARD, off, len);
+        return is_unsupported(ret) ? -ENOTSUP : ret;
+    }
+    size = fd_size(s->fd, false);
+    if (size < 0) {
+        return (int)size;
+    }
+    if (off >= (uint64_t)size) {
+        return 0;
+    }
+    len = BI_MIN(len, (uint64_t)size - off);
+    ret = do_fallocate(s, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off, len);
+    return is_unsupported(ret) ? -ENOTSUP : ret;
+}
+
+/* -------------------------------------------------------- block status */
+
+static int file_co_block_status(bi_node *n, uint64_t off, uint64_t len,
+                                struct bi_status *st)
+{
+    struct file_state *s = n->opaque;
+    int64_t size = fd_size(s->fd, s->is_blk);
+
+    if (size < 0) {
+        return (int)size;
+    }
+    memset(st, 0, sizeof(*st));
+    st->offset = off;
+    st->file = n;
+    st->depth = 0;
+
+    if (off >= (uint64_t)size) {
+        st->len = len;
+        st->flags = BI_BS_ZERO | BI_BS_OFFSET_VALID | BI_BS_EOF;
+        return 0;
+    }
+    len = BI_MIN(len, (uint64_t)size - off);
+
+    if (s->is_blk) {
+        st->len = len;
+        st->flags = BI_BS_DATA;
+    } else {
+        off_t data = lseek(s->fd, (off_t)off, SEEK_DATA);
+        if (data < 0) {
+            if (errno == ENXIO) {
+                /* A hole up to the end of the file. */
+                st->len = len;
+                st->flags = BI_BS_ZERO;
+            } else {
+                /* SEEK_DATA unsupported: everything is data. */
+                st->len = len;
+                st->flags = BI_BS_DATA;
+            }
+        } else if ((uint64_t)data > off) {
+            st->len = BI_MIN(len, (uint64_t)data - off);
+            st->flags = BI_BS_ZERO;
+        } else {
+            off_t hole = lseek(s->fd, (off_t)off, SEEK_HOLE);
+            if (hole < 0 || (uint64_t)hole <= off) {
+                st->len = len;
+            } else {
+                st->len = BI_MIN(len, (uint64_t)hole - off);
+            }
+            st->flags = BI_BS_DATA;
+        }
+    }
+    st->flags |= BI_BS_OFFSET_VALID | BI_BS_ALLOCATED;
+    if (off + st->len >= (uint64_t)size) {
+        st->flags |= BI_BS_EOF;
+    }
+    return 0;
+}
+
+/* ----------------------------------------------------------- truncate */
+
+/*
+ * Allocates the first block of a file that grew from empty (seed 003): an
+ * unallocated block 0 accepts O_DIRECT reads of any size on some
+ * filesystems and defeats alignment probing. Writes zeroes at offset 0, a
+ * power of two up to max(4096, align) and not past size, from an aligned
+ * buffer so that it also works on an O_DIRECT descriptor. Failure is not an
+ * error: this only helps later probes.
+ */
+static void allocate_first_block(int fd, uint64_t size, uint32_t align)
+{
+    uint64_t len = bi_file_first_block_size(size, align);
+    size_t mem = BI_MAX(bi_page_size(), (size_t)BI_MAX(align, 1u));
+
+    if (len) {
+        (void)pwrite_zeroes_sync(fd, 0, len, mem);
+    }
+}
+
+/* Writes real zeroes over [from, to) (preallocation=full). Works on an
+ * O_DIRECT descriptor: the aligned middle is written directly, unaligned
+ * edges through a buffered description of the same file. */
+static int write_zeroes_full(int fd, bool direct, uint64_t from, uint64_t to,
+                             uint32_t align, size_t mem_align)
+{
+    uint64_t a_from = from, a_to = to;
+    int ret = 0;
+
+    if (from >= to) {
+        return 0;
+    }
+    if (direct && align > 1) {
+        a_from = bi_align_up(from, align);
+        a_to = bi_align_down(to, align);
+        if (a_from >= a_to) {
+            a_from = a_to = to; /* everything is an edge */
+        }
+    }
+    if (a_from > from || a_to < to) {
+        int bfd = reopen_buffered(fd);
+        if (bfd < 0) {
+            return -errno;
+        }
+        ret = pwrite_zeroes_sync(bfd, from, a_from - from, bi_page_size());
+        if (ret == 0 && a_to < to) {
+            ret = pwrite_zeroes_sync(bfd, BI_MAX(a_to, a_from),
+                                     to - BI_MAX(a_to, a_from), bi_page_size());
+        }
+        if (ret == 0 && fdatasync(bfd) < 0) {
+            ret = -errno;
+        }
+        close(bfd);
+        if (ret < 0) {
+            return ret;
+        }
+    }
+    if (a_from < a_to) {
+        ret = pwrite_zeroes_sync(fd, a_from, a_to - a_from, mem_align);
+    }
+    return ret;
+}
+
+struct truncate_job {
+    int fd;
+    bool direct;
+    uint64_t size;
+    enum bi_prealloc prealloc;
+    uint32_t align;
+    size_t mem_align;
+    const char *what; /* failing step for the message */
+};
+
+/* Resizes a regular file with the given preallocation (runs on a worker
+ * thread: every step is a blocking syscall). */
+static int regular_truncate_work(void *arg)
+{
+    struct truncate_job *j = arg;
+    struct stat st;
+    uint64_t cur;
+    int ret = 0;
+
+    if (fstat(j->fd, &st) < 0) {
+        j->what = "Could not stat file";
+        return -errno;
+    }
+    cur = (uint64_t)st.st_size;
+
+    switch (j->prealloc) {
+    case BI_PREALLOC_OFF:
+        if (ftruncate(j->fd, (off_t)j->size) < 0) {
+            j->what = "Could not resize file";
+            return -errno;
+        }
+        break;
+    case BI_PREALLOC_FALLOC:
+        if (j->size > cur) {
+            ret = -posix_fallocate(j->fd, (off_t)cur, (off_t)(j->size - cur));
+            if (ret < 0) {
+                j->what = "Could not preallocate new data";
+                return ret;
+            }
+        } else if (ftruncate(j->fd, (off_t)j->size) < 0) {
+            j->what = "Could not resize file";
+            return -errno;
+        }
+        break;
+    case BI_PREALLOC_FULL:
+        if (ftruncate(j->fd, (off_t)j->size) < 0) {
+            j->what = "Could not resize file";
+            return -errno;
+        }
+        if (j->size > cur) {
+            ret = write_zeroes_full(j->fd, j->direct, cur, j->size, j->align,
+                                    j->mem_align);
+            if (ret < 0) {
+                j->what = "Could not write zeros for preallocation";
+                /* Do not leave a half-written tail behind. */
+                if (ftruncate(j->fd, (off_t)cur) < 0) {
+                    /* the write error is what matters */
+                }
+                return ret;
+            }
+            if (fdatasync(j->fd) < 0) {
+                j->what = "Could not flush preallocated data";
+                return -errno;
+            }
+        }
+        break;
+    default:
+        j->what = "Unsupported preallocation mode";
+        return -ENOTSUP;
+    }
+    if (cur == 0 && j->size > 0 && j->prealloc != BI_PREALLOC_FULL) {
+        allocate_first_block(j->fd, j->size, j->align);
+    }
+    return 0;
+}
+
+static int file_co_truncate(bi_node *n, uint64_t size, bool exact,
+                            enum bi_prealloc prealloc, bi_error *err)
+{
+    struct file_state *s = n->opaque;
+    struct truncate_job j;
+    int ret;
+
+    if (s->is_blk) {
+        int64_t cur = fd_size(s->fd, true);
+        if (cur < 0) {
+            bi_error_set(err, (int)cur, "Could not get the device size");
+            return (int)cur;
+        }
+        if (prealloc != BI_PREALLOC_OFF) {
+            bi_error_set(err, 0,
+                         "Preallocation mode '%s' unsupported for this "
+                         "non-regular file",
+                         bi_prealloc_name(prealloc));
+            return -ENOTSUP;
+        }
+        if (exact && size != (uint64_t)cur) {
+            bi_error_set(err, 0, "Cannot resize device files");
+            return -ENOTSUP;
+        }
+        if (size > (uint64_t)cur) {
+            bi_error_set(err, 0, "Cannot grow device files");
+            return -EINVAL;
+        }
+        return 0;
+    }
+    if (prealloc != BI_PREALLOC_OFF && prealloc != BI_PREALLOC_FALLOC &&
+        prealloc != BI_PREALLOC_FULL) {
+        bi_error_set(err, 0, "Unsupported preallocation mode: %s",
+                     bi_prealloc_name(prealloc));
+        return -ENOTSUP;
+    }
+
+    memset(&j, 0, sizeof(j));
+    j.fd = s->fd;
+    j.direct = s->direct;
+    j.size = size;
+    j.prealloc = prealloc;
+    j.align = n->limits.request_alignment ? n->limits.request_alignment : 1;
+    j.mem_align = BI_MAX((size_t)n->limits.opt_mem_alignment, bi_page_size());
+    ret = run_work(regular_truncate_work, &j);
+    if (ret < 0) {
+        bi_error_set(err, ret, "%s", j.what ? j.what : "Could not resize file");
+        return ret;
+    }
+    n->size = size;
+    return 0;
+}
+
+/* ------------------------------------------------------------- create */
+
+static int file_create(const char *filename, const struct bi_create_opts *o,
+                       bi_error *err)
+{
+    struct bi_file_lock lk = {.perm = 0, .shared = BI_PERM_ALL};
+    struct truncate_job j;
+    struct stat st;
+    int fd, ret;
+
+    do {
+        fd = open(filename, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    } while (fd < 0 && errno == EINTR);
+    if (fd < 0) {
+        return set_errno_error(err, -errno, "Could not create '%s'", filename);
+    }
+    if (fstat(fd, &st) < 0) {
+        ret = -errno;
+        bi_error_set(err, ret, "Could not stat '%s'", filename);
+        goto out;
+    }
+
+    if (S_ISBLK(st.st_mode)) {
+        uint64_t devsize = 0;
+        ret = bi_file_lock_set(
+            fd, &lk, BI_PERM_CONSISTENT_READ | BI_PERM_WRITE | BI_PERM_RESIZE,
+            BI_PERM_ALL, filename, err);
+        if (ret < 0) {
+            goto out;
+        }
+        if (o->prealloc != BI_PREALLOC_OFF) {
+            bi_error_set(err, 0, "Unsupported preallocation mode '%s'",
+                         bi_prealloc_name(o->prealloc));
+            ret = -ENOTSUP;
+            goto out;
+        }
+        if (ioctl(fd, BLKGETSIZE64, &devsize) < 0) {
+            ret = -errno;
+            bi_error_set(err, ret, "Could not get the size of '%s'", filename);
+            goto out;
+        }
+        if (o->size > devsize) {
+            bi_error_set(err, 0, "Cannot grow device files");
+            ret = -EINVAL;
+            goto out;
+        }
+        /* Erase whatever header the device held (through the page cache:
+         * any sector size). */
+        ret = pwrite_zeroes_sync(fd, 0, BI_MIN((uint64_t)512, devsize),
+                                 bi_page_size());
+        if (ret < 0) {
+            bi_error_set(err, ret, "Could not write to '%s'", filename);
+            goto out;
+        }
+        if (fdatasync(fd) < 0) {
+            ret = -errno;
+            bi_error_set(err, ret, "Could not flush '%s'", filename);
+            goto out;
+        }
+        ret = 0;
+        goto out;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        ret = -EINVAL;
+        bi_error_set(err, 0,
+                     "'file' driver requires '%s' to be a regular file or a "
+                     "block device",
+                     filename);
+        goto out;
+    }
+    if (o->prealloc != BI_PREALLOC_OFF && o->prealloc != BI_PREALLOC_FALLOC &&
+        o->prealloc != BI_PREALLOC_FULL) {
+        bi_error_set(err, 0, "Unsupported preallocation mode: %s",
+                     bi_prealloc_name(o->prealloc));
+        ret = -ENOTSUP;
+        goto out;
+    }
+
+    /* Take the lock before touching the contents: an image in use by
+     * another process must survive a mistaken create. */
+    ret = bi_file_lock_set(fd, &lk, BI_PERM_WRITE | BI_PERM_RESIZE,
+                           BI_PERM_ALL & ~BI_PERM_RESIZE, filename, err);
+    if (ret < 0) {
+        goto out;
+    }
+
+    if (ftruncate(fd, 0) < 0) {
+        ret = -errno;
+        bi_error_set(err, ret, "Could not clear '%s'", filename);
+        goto out;
+    }
+
+    memset(&j, 0, sizeof(j));
+    j.fd = fd;
+    j.direct = false;
+    j.size = o->size;
+    j.prealloc = o->prealloc;
+    j.align = 1;
+    j.mem_align = bi_page_size();
+    ret = regular_truncate_work(&j);
+    if (ret < 0) {
+        bi_error_set(err, ret, "%s", j.what ? j.what : "Could not resize file");
+        goto out;
+    }
+    ret = 0;
+
+out:
+    bi_file_lock_release(fd, &lk);
+    if (close(fd) < 0 && ret == 0) {
+        ret = -errno;
+        bi_error_set(err, ret, "Could not close '%s'", filename);
+    }
+    return ret;
+}
+
+/* ---------------------------------------------------------------- info */
+
+static int64_t file_get_allocated_file_size(bi_node *n)
+{
+    struct file_state *s = n->opaque;
+    struct stat st;
+
+    if (fstat(s->fd, &st) < 0) {
+        return -errno;
+    }
+    return (int64_t)st.st_blocks * 512;
+}
+
+static void sysfs_sector_sizes(unsigned maj, unsigned min, uint32_t *logical,
+                               uint32_t *physical)
+{
+    static const char *const names[2] = {"logical_block_size",
+                                         "physical_block_size"};
+    uint32_t *outs[2] = {logical, physical};
+
+    for (int i = 0; i < 2; i++) {
+        char path[160];
+        char buf[32];
+        FILE *fp;
+
+        snprintf(path, sizeof(path), "/sys/dev/block/%u:%u/queue/%s", maj, min,
+                 names[i]);
+        fp = fopen(path, "re");
+        if (!fp) {
+            /* A partition: its queue is the parent's. */
+            snprintf(path, sizeof(path), "/sys/dev/block/%u:%u/../queue/%s",
+                     maj, min, names[i]);
+            fp = fopen(path, "re");
+        }
+        if (!fp) {
+            continue;
+        }
+        if (fgets(buf, sizeof(buf), fp)) {
+            *outs[i] = (uint32_t)strtoul(buf, NULL, 10);
+        }
+        fclose(fp);
+    }
+}
+
+static int file_storage_info(bi_node *n, struct bi_storage_info *out)
+{
+    struct file_state *s = n->opaque;
+    struct statfs sf;
+    struct stat st;
+
+    memset(out, 0, sizeof(*out));
+    out->page_size = (uint32_t)bi_page_size();
+    if (fstat(s->fd, &st) < 0) {
+        return -errno;
+    }
+    if (s->is_blk) {
+        int lss = 0;
+        unsigned int pss = 0;
+        out->is_block_device = true;
+        snprintf(out->filesystem, sizeof(out->filesystem), "block device");
+        if (ioctl(s->fd, BLKSSZGET, &lss) == 0 && lss > 0) {
+            out->logical_sector_size = (uint32_t)lss;
+        }
+        if (ioctl(s->fd, BLKPBSZGET, &pss) == 0 && pss > 0) {
+            out->physical_sector_size = pss;
+        }
+        return 0;
+    }
+    if (fstatfs(s->fd, &sf) == 0) {
+        snprintf(out->filesystem, sizeof(out->filesystem), "%s",
+                 bi_file_fs_name((long)sf.f_type));
+    } else {
+        snprintf(out->filesystem, sizeof(out->filesystem), "unknown");
+    }
+    if (major(st.st_dev) != 0) {
+        sysfs_sector_sizes(major(st.st_dev), minor(st.st_dev),
+                           &out->logical_sector_size,
+                           &out->physical_sector_size);
+    }
+    return 0;
+}
+
+const struct bi_driver bi_drv_file = {
+    .name = "file",
+    .is_protocol = true,
+    .state_size = sizeof(struct file_state),
+    .open = file_open,
+    .close = file_close,
+    .create = file_create,
+    .refresh_limits = file_refresh_limits,
+    .co_preadv = file_co_preadv,
+    .co_pwritev = file_co_pwritev,
+    .co_pwrite_zeroes = file_co_pwrite_zeroes,
+    .co_pdiscard = file_co_pdiscard,
+    .co_flush = file_co_flush,
+    .co_truncate = file_co_truncate,
+    .co_block_status = file_co_block_status,
+    .get_allocated_file_size = file_get_allocated_file_size,
+    .storage_info = file_storage_info,
+};
