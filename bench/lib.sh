@@ -1,0 +1,168 @@
+# SPDX-License-Identifier: MIT
+# shellcheck shell=bash
+#
+# Helpers shared by the benchmark scripts (sourced, not run).
+#
+# Environment:
+#   BLKIMG_BUILD   build directory with blkimg and blkimg-io (default build)
+#   BENCH_DIR      scratch directory on a real disk (default
+#                  /var/tmp/blkimg-bench); files there are reused between
+#                  benchmarks of one run and removed at the end
+#   BENCH_REPS     repetitions per measurement (default 3; the median counts)
+#   BENCH_QUICK=1  smaller counts, one repetition (to try the scripts)
+#   BENCH_SUMMARY  file collecting one line per headline ratio (run.sh)
+
+BENCH_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$BENCH_LIB_DIR/.." && pwd)
+BUILD=${BLKIMG_BUILD:-build}
+case "$BUILD" in
+/*) ;;
+*) BUILD="$REPO/$BUILD" ;;
+esac
+BLKIMG="$BUILD/blkimg"
+BLKIMG_IO="$BUILD/blkimg-io"
+DIO_ALIGN="$BUILD/bench/dio_align"
+BENCH_DIR=${BENCH_DIR:-/var/tmp/blkimg-bench}
+BENCH_QUICK=${BENCH_QUICK:-0}
+if [ "$BENCH_QUICK" = 1 ]; then
+    BENCH_REPS=${BENCH_REPS:-1}
+else
+    BENCH_REPS=${BENCH_REPS:-3}
+fi
+PY=/usr/bin/python3
+[ -x "$PY" ] || PY=python3
+TIME=/usr/bin/time
+
+mkdir -p "$BENCH_DIR"
+
+# quick VALUE_QUICK VALUE_FULL: picks by BENCH_QUICK.
+quick() {
+    if [ "$BENCH_QUICK" = 1 ]; then echo "$1"; else echo "$2"; fi
+}
+
+title() {
+    echo
+    echo "=== $* ==="
+}
+
+note() {
+    echo "  $*"
+}
+
+# skip REASON: prints the standard skip line and ends the benchmark.
+skip() {
+    echo "  skipped: $*"
+    summary "$BENCH_NAME" "skipped: $*"
+    exit 0
+}
+
+# summary NAME TEXT: one line for run.sh's closing table.
+summary() {
+    if [ -n "${BENCH_SUMMARY:-}" ]; then
+        printf '%s\t%s\n' "$1" "$2" >>"$BENCH_SUMMARY"
+    fi
+}
+
+need_tools() {
+    [ -x "$BLKIMG" ] || skip "$BLKIMG not built"
+    [ -x "$BLKIMG_IO" ] || skip "$BLKIMG_IO not built"
+}
+
+# has_subcommand NAME: does this blkimg know the subcommand? (qemu-img says
+# "Command not found: NAME" for unknown ones; any other answer, including a
+# usage error for missing arguments, means it exists.)
+has_subcommand() {
+    local out
+    out=$("$BLKIMG" "$1" </dev/null 2>&1)
+    local rc=$?
+    if [ $rc -eq 0 ]; then
+        return 0
+    fi
+    if echo "$out" | grep -qiE "command not found|unknown (sub)?command|invalid command|not implemented|not supported"; then
+        return 1
+    fi
+    return 0
+}
+
+# has_bench_option OPTION FILE: does `blkimg bench OPTION` run on FILE?
+has_bench_option() {
+    "$BLKIMG" bench "$1" -c 1 -f raw -q "$2" </dev/null >/dev/null 2>&1
+}
+
+drop_caches() {
+    sync
+    echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
+}
+
+# median V...: the median of numbers.
+median() {
+    printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END {
+        if (NR == 0) { print "nan"; exit }
+        if (NR % 2) print a[(NR + 1) / 2];
+        else printf "%.6g\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+}
+
+# ratio A B: A/B with two decimals ("-" when either is missing or B is 0).
+ratio() {
+    awk -v a="$1" -v b="$2" 'BEGIN {
+        if (a == "" || b == "" || a == "-" || b == "-" || b + 0 == 0)
+            print "-";
+        else printf "%.2f\n", a / b }'
+}
+
+# fmt NUMBER [DECIMALS]
+fmt() {
+    awk -v a="$1" -v d="${2:-0}" 'BEGIN {
+        if (a == "" || a == "-") print "-"; else printf "%.*f\n", d, a }'
+}
+
+# verdict VALUE OP GOAL: "met" / "NOT met" (OP is >= or <=).
+verdict() {
+    awk -v v="$1" -v op="$2" -v g="$3" 'BEGIN {
+        if (v == "-" || v == "") { print "n/a"; exit }
+        ok = (op == ">=") ? (v + 0 >= g + 0) : (v + 0 <= g + 0);
+        print ok ? "met" : "NOT met" }'
+}
+
+# bench_seconds CMD...: runs a `qemu-img bench`-style command and prints
+# the seconds from its "Run completed in N seconds." line (empty on
+# failure; the command's output goes to $BENCH_DIR/last.out).
+bench_seconds() {
+    if ! "$@" </dev/null >"$BENCH_DIR/last.out" 2>&1; then
+        echo "  command failed: $*" >&2
+        sed 's/^/    /' "$BENCH_DIR/last.out" | head -n 5 >&2
+        return 0
+    fi
+    sed -n 's/^Run completed in \([0-9.]*\) seconds\.$/\1/p' \
+        "$BENCH_DIR/last.out" | tail -n 1
+}
+
+# timed OUTVAR CMD...: runs CMD under /usr/bin/time; sets OUTVAR to
+# "wall user sys maxrss_kib" ("" on failure).
+timed() {
+    local __var=$1
+    shift
+    local tf="$BENCH_DIR/time.out"
+    if "$TIME" -f '%e %U %S %M' -o "$tf" "$@" </dev/null \
+        >"$BENCH_DIR/last.out" 2>&1; then
+        printf -v "$__var" '%s' "$(tail -n 1 "$tf")"
+    else
+        echo "  command failed: $*" >&2
+        sed 's/^/    /' "$BENCH_DIR/last.out" | tail -n 5 >&2
+        printf -v "$__var" '%s' ""
+    fi
+}
+
+# ensure_random_raw FILE SIZE_MIB: a fully allocated raw file of random data
+# (reused when it already exists with the right size).
+ensure_random_raw() {
+    local f=$1 mib=$2
+    if [ -f "$f" ] && [ "$(stat -c %s "$f")" -eq $((mib * 1048576)) ]; then
+        return 0
+    fi
+    rm -f "$f"
+    note "creating $f ($mib MiB of random data)"
+    fio --name=fill --filename="$f" --size="${mib}M" --rw=write --bs=1M \
+        --direct=1 --ioengine=psync --refill_buffers --randrepeat=0 \
+        --output=/dev/null
+}
