@@ -259,6 +259,25 @@ static void probe(int fd, struct bi_file_limit_facts *f, uint32_t known_request)
     bi_free_aligned(buf);
 }
 
+/* Test hook: BLKIMG_LIMITS_SKIP="statx,blkssz,xfs" ignores those sources so
+ * that the later ones (down to probing) can be exercised on real storage. */
+static bool skip_source(const char *name)
+{
+    const char *v = getenv("BLKIMG_LIMITS_SKIP");
+    size_t len = strlen(name);
+
+    while (v && *v) {
+        if (!strncmp(v, name, len) && (v[len] == ',' || v[len] == '\0')) {
+            return true;
+        }
+        v = strchr(v, ',');
+        if (v) {
+            v++;
+        }
+    }
+    return false;
+}
+
 void bi_file_limits_detect(int fd, bool direct, const struct stat *st,
                            struct bi_limits *out,
                            struct bi_file_limit_facts *facts)
@@ -282,7 +301,7 @@ void bi_file_limits_detect(int fd, bool direct, const struct stat *st,
     }
 
 #ifdef STATX_DIOALIGN
-    {
+    if (!skip_source("statx")) {
         struct statx sx;
         memset(&sx, 0, sizeof(sx));
         if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
@@ -293,12 +312,12 @@ void bi_file_limits_detect(int fd, bool direct, const struct stat *st,
         }
     }
 #endif
-    if (f->is_blockdev) {
+    if (f->is_blockdev && !skip_source("blkssz")) {
         int ss = 0;
         if (ioctl(fd, BLKSSZGET, &ss) == 0 && ss > 0) {
             f->blkssz = (uint32_t)ss;
         }
-    } else {
+    } else if (!f->is_blockdev && !skip_source("xfs")) {
         struct bi_xfs_dioattr da;
         struct statfs sf;
         if (fstatfs(fd, &sf) == 0 && (unsigned long)sf.f_type == 0x58465342 &&
