@@ -23,8 +23,14 @@ rm -f "$file"
 
 t512=() tpage=()
 for ((i = 0; i < BENCH_REPS; i++)); do
-    t512+=("$("$DIO_ALIGN" "$file" 512 "$count")")
-    tpage+=("$("$DIO_ALIGN" "$file" "$page" "$count")")
+    # Alternate which goes first, so that drift favours neither.
+    if ((i % 2)); then
+        tpage+=("$("$DIO_ALIGN" "$file" "$page" "$count")")
+        t512+=("$("$DIO_ALIGN" "$file" 512 "$count")")
+    else
+        t512+=("$("$DIO_ALIGN" "$file" 512 "$count")")
+        tpage+=("$("$DIO_ALIGN" "$file" "$page" "$count")")
+    fi
 done
 rm -f "$file"
 m512=$(median "${t512[@]}")

@@ -1,0 +1,123 @@
+#!/bin/bash
+# SPDX-License-Identifier: MIT
+#
+# convert, blkimg vs qemu-img, on a 2 GiB qcow2 about half allocated with
+# random data: wall time, CPU time (user+sys) and peak memory (max RSS,
+# /usr/bin/time). Every output blkimg writes is checked with
+# `qemu-img compare` against the source (and `qemu-img check` for qcow2).
+# Goals: -t none -T none: wall <= 0.8x, CPU <= 0.6x; default cache modes:
+# wall <= 0.9x; -c: wall <= 0.6x; empty 1 TiB qcow2 -> raw: wall <= 1x;
+# peak memory <= 64 MiB.
+set -uo pipefail
+BENCH_NAME="convert"
+. "$(dirname "$0")/lib.sh"
+
+title "7. convert: blkimg vs qemu-img (2 GiB qcow2, half allocated, random data)"
+need_tools
+command -v qemu-img >/dev/null || skip "qemu-img missing"
+has_subcommand convert || skip "blkimg convert not available"
+
+SRC_RAW="$BENCH_DIR/half2g.raw"
+SRC_Q="$BENCH_DIR/half2g.qcow2"
+EMPTY="$BENCH_DIR/empty1t.qcow2"
+DST="$BENCH_DIR/convert.out"
+src_mib=$(quick 512 2048)
+
+if [ ! -f "$SRC_Q" ] || [ "$(qemu-img info --output=json "$SRC_Q" 2>/dev/null |
+    "$PY" -c 'import json,sys; print(json.load(sys.stdin)["virtual-size"])' 2>/dev/null)" != $((src_mib * 1048576)) ]; then
+    note "creating $SRC_Q ($src_mib MiB, about half allocated with random data)"
+    rm -f "$SRC_RAW" "$SRC_Q"
+    "$PY" - "$SRC_RAW" "$src_mib" <<'PYEOF'
+import os, random, sys
+path, mib = sys.argv[1], int(sys.argv[2])
+r = random.Random(7)
+with open(path, "wb") as f:
+    f.truncate(mib << 20)
+    off = 0
+    while off < mib << 20:
+        # runs of 64 KiB .. 4 MiB, data or hole with equal chance
+        n = min(r.choice([1, 2, 4, 8, 16, 32, 64]) << 16, (mib << 20) - off)
+        if r.random() < 0.5:
+            f.seek(off)
+            f.write(os.urandom(n))
+        off += n
+PYEOF
+    qemu-img convert -f raw -O qcow2 "$SRC_RAW" "$SRC_Q" || skip "qemu-img convert failed"
+    rm -f "$SRC_RAW"
+fi
+rm -f "$EMPTY"
+qemu-img create -q -f qcow2 "$EMPTY" 1T
+
+alloc=$(qemu-img info --output=json "$SRC_Q" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["actual-size"] >> 20)')
+note "source: $SRC_Q, $src_mib MiB virtual, $alloc MiB allocated; $BENCH_REPS runs each (median), caches dropped before each run (-c: 1 run)"
+
+# Cases: label | goal op | wall goal | cpu goal | source | source fmt | target fmt | convert options
+CASES=(
+    "qcow2->raw -t none -T none|<=|0.8|0.6|$SRC_Q|qcow2|raw|-t none -T none"
+    "qcow2->qcow2 -t none -T none|<=|0.8|0.6|$SRC_Q|qcow2|qcow2|-t none -T none"
+    "qcow2->raw default cache|<=|0.9|-|$SRC_Q|qcow2|raw|"
+    "qcow2->qcow2 default cache|<=|0.9|-|$SRC_Q|qcow2|qcow2|"
+    "qcow2->qcow2 -c (compressed)|<=|0.6|-|$SRC_Q|qcow2|qcow2|-c"
+    "empty 1 TiB qcow2->raw|<=|1.0|-|$EMPTY|qcow2|raw|"
+)
+
+# one TOOL SRC SFMT TFMT OPTS: sets W C M (medians) and OK (verification)
+one() {
+    local tool=$1 src=$2 sfmt=$3 tfmt=$4 opts=$5
+    local ws=() cs=() ms=() i t reps=$BENCH_REPS
+    # Compression is CPU-bound and steady: one run keeps the bench short.
+    case "$opts" in *-c*) reps=1 ;; esac
+    OK=ok
+    # shellcheck disable=SC2086
+    for ((i = 0; i < reps; i++)); do
+        rm -f "$DST"
+        drop_caches
+        timed t "$tool" convert $opts -f "$sfmt" -O "$tfmt" "$src" "$DST"
+        if [ -z "$t" ]; then
+            OK="convert FAILED"
+            break
+        fi
+        read -r w u s m <<<"$t"
+        ws+=("$w")
+        cs+=("$(awk -v u="$u" -v s="$s" 'BEGIN{print u + s}')")
+        ms+=("$m")
+        if [ "$i" -eq 0 ] && [ "$tool" != qemu-img ]; then
+            if ! qemu-img compare -q -f "$sfmt" -F "$tfmt" "$src" "$DST" >/dev/null 2>&1; then
+                OK="qemu-img compare: DIFFERENT"
+            elif [ "$tfmt" = qcow2 ] && ! qemu-img check -q -f qcow2 "$DST" >/dev/null 2>&1; then
+                OK="qemu-img check FAILED"
+            fi
+        fi
+    done
+    rm -f "$DST"
+    if [ ${#ws[@]} -eq 0 ]; then
+        W="-"; C="-"; M="-"
+        return
+    fi
+    W=$(median "${ws[@]}")
+    C=$(median "${cs[@]}")
+    M=$(awk -v k="$(printf '%s\n' "${ms[@]}" | sort -g | tail -n 1)" 'BEGIN{printf "%.1f", k / 1024}')
+}
+
+printf '  %-30s | %8s %8s %6s | %8s %8s %6s | %8s %8s | %s\n' "case" "wall s" "qemu" "ratio" "cpu s" "qemu" "ratio" "RSS MiB" "qemu" "blkimg output"
+maxrss="0"
+for c in "${CASES[@]}"; do
+    IFS='|' read -r label op wgoal cgoal src sfmt tfmt opts <<<"$c"
+    one "$BLKIMG" "$src" "$sfmt" "$tfmt" "$opts"
+    bw=$W bc=$C bm=$M bok=$OK
+    one qemu-img "$src" "$sfmt" "$tfmt" "$opts"
+    qw=$W qc=$C qm=$M
+    rw=$(ratio "$bw" "$qw")
+    rc=$(ratio "$bc" "$qc")
+    printf '  %-30s | %8s %8s %6s | %8s %8s %6s | %8s %8s | %s\n' "$label" \
+        "$(fmt "$bw" 2)" "$(fmt "$qw" 2)" "$rw" "$(fmt "$bc" 2)" "$(fmt "$qc" 2)" "$rc" "$bm" "$qm" "$bok"
+    goal="wall $rw (goal $op $wgoal: $(verdict "$rw" "$op" "$wgoal"))"
+    if [ "$cgoal" != "-" ]; then
+        goal="$goal, CPU $rc (goal $op $cgoal: $(verdict "$rc" "$op" "$cgoal"))"
+    fi
+    summary "convert $label" "$goal; blkimg peak RSS $bm MiB; output $bok"
+    maxrss=$(awk -v a="$maxrss" -v b="$bm" 'BEGIN{ if (b != "-" && b + 0 > a + 0) print b; else print a }')
+done
+note "ratios are blkimg / qemu-img (lower is better); peak memory of blkimg convert: $maxrss MiB (goal <= 64: $(verdict "$maxrss" "<=" 64))"
+summary "convert peak memory" "blkimg max RSS over all cases $maxrss MiB (goal <= 64: $(verdict "$maxrss" "<=" 64))"
+rm -f "$EMPTY" "$DST"
