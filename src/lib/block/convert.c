@@ -52,6 +52,12 @@ struct cv_cursor {
     uint64_t run_start;
 };
 
+struct pend {
+    uint64_t off, len;
+    bool counted;
+    struct pend *next;
+};
+
 struct cv_state {
     const struct bi_convert_opts *o;
     bi_node *const *src;
@@ -79,6 +85,8 @@ struct cv_state {
     uint64_t eoff;
 
     uint64_t done, alloc_total;
+    uint64_t frontier; /* chunks below are done (progress order) */
+    struct pend *pend; /* done chunks above the frontier, sorted */
 
     int running;
     bi_co_queue done_q;
@@ -542,6 +550,54 @@ static int do_chunk(struct cv_state *s, const struct chunk *ch, uint8_t *buf)
     return ret;
 }
 
+static void report(struct cv_state *s, uint64_t len, bool counted)
+{
+    if (counted) {
+        s->done += len;
+        if (s->o->progress && s->alloc_total) {
+            s->o->progress(s->o->progress_opaque, s->done, s->alloc_total);
+        }
+    }
+}
+
+/* Progress advances in the order of the chunks, as with qemu-img's in-order
+ * writes, even when the writes themselves complete out of order (the
+ * printed percentages then match qemu-img's). */
+static void chunk_done(struct cv_state *s, const struct chunk *ch)
+{
+    bool counted =
+        ch->kind == CK_DATA || (!s->min_sparse && ch->kind == CK_ZERO);
+
+    if (!s->o->progress) {
+        return;
+    }
+    if (s->o->out_of_order) {
+        report(s, ch->len, counted);
+        return;
+    }
+    if (ch->off != s->frontier) {
+        struct pend *p = bi_xmalloc(sizeof(*p)), **pp = &s->pend;
+        p->off = ch->off;
+        p->len = ch->len;
+        p->counted = counted;
+        while (*pp && (*pp)->off < p->off) {
+            pp = &(*pp)->next;
+        }
+        p->next = *pp;
+        *pp = p;
+        return;
+    }
+    report(s, ch->len, counted);
+    s->frontier = ch->off + ch->len;
+    while (s->pend && s->pend->off == s->frontier) {
+        struct pend *p = s->pend;
+        s->pend = p->next;
+        report(s, p->len, p->counted);
+        s->frontier = p->off + p->len;
+        free(p);
+    }
+}
+
 static void worker(void *opaque)
 {
     struct cv_state *s = opaque;
@@ -555,12 +611,7 @@ static void worker(void *opaque)
         if (do_chunk(s, &ch, buf) < 0) {
             break;
         }
-        if (ch.kind == CK_DATA || (!s->min_sparse && ch.kind == CK_ZERO)) {
-            s->done += ch.len;
-            if (s->o->progress && s->alloc_total) {
-                s->o->progress(s->o->progress_opaque, s->done, s->alloc_total);
-            }
-        }
+        chunk_done(s, &ch);
     }
     bi_free_aligned(buf);
     if (--s->running == 0) {
@@ -775,6 +826,11 @@ int bi_convert(const struct bi_convert_opts *o, bi_error *err)
         }
     }
 out:
+    while (s.pend) {
+        struct pend *p = s.pend;
+        s.pend = p->next;
+        free(p);
+    }
     for (int i = 0; i < s.n_fds; i++) {
         close(s.fds[i].fd);
     }
