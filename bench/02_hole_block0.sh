@@ -69,14 +69,22 @@ sectors() {
     awk '{print $3, $7}' "/sys/block/$DEV/stat"
 }
 
-# measure TOOL: sets R_SECT W_SECT SECS
+# blkimg-io's own counters (--stats), when it has them.
+stats=()
+make_image
+if "$BLKIMG_IO" --stats -f raw -t none -c "read 4096 512" "$IMG" >/dev/null 2>&1; then
+    stats=(--stats)
+fi
+
+# measure TOOL [OPTIONS...]: sets R_SECT W_SECT SECS
 measure() {
     local tool=$1 before after t0 t1
+    shift
     make_image
     drop_caches
     before=$(sectors)
     t0=$(date +%s.%N)
-    if ! "$tool" -f raw -t none "${args[@]}" "$IMG" >"$WORK/out" 2>&1; then
+    if ! "$tool" "$@" -f raw -t none "${args[@]}" "$IMG" >"$WORK/out" 2>&1; then
         echo "  $tool failed:" >&2
         head -n 5 "$WORK/out" | sed 's/^/    /' >&2
         R_SECT=""; W_SECT=""; SECS=""
@@ -98,13 +106,16 @@ measure() {
 
 declare -A RS WS TS
 for tool in blkimg-io qemu-io; do
-    bin=qemu-io
-    [ "$tool" = blkimg-io ] && bin=$BLKIMG_IO
+    cmd=(qemu-io)
+    [ "$tool" = blkimg-io ] && cmd=("$BLKIMG_IO" "${stats[@]}")
     rs=() ws=() ts=()
     for ((i = 0; i < BENCH_REPS; i++)); do
-        measure "$bin"
+        measure "${cmd[@]}"
         [ -n "$R_SECT" ] || break
         rs+=("$R_SECT"); ws+=("$W_SECT"); ts+=("$SECS")
+        if [ "$tool" = blkimg-io ] && [ ${#stats[@]} -gt 0 ]; then
+            STATS_LINE=$(sed -n 's/^ *\(rmw operations\|bounced bytes\|io calls\): \([0-9]*\)$/\1 \2/p' "$WORK/out" | paste -sd, | sed 's/,/, /g')
+        fi
     done
     if [ ${#rs[@]} -eq 0 ]; then
         RS[$tool]="-"; WS[$tool]="-"; TS[$tool]="-"
@@ -137,5 +148,6 @@ for tool in blkimg-io qemu-io; do
 done
 r=$(ratio "$(total blkimg-io)" "$(total qemu-io)")
 note "sectors moved, blkimg-io / qemu-io = $r (goal <= 0.15: $(verdict "$r" "<=" 0.15))"
+[ -n "${STATS_LINE:-}" ] && note "blkimg-io --stats: $STATS_LINE"
 note "read-back of blkimg-io's writes: $verify"
 summary "$BENCH_NAME" "device sectors blkimg-io/qemu-io = $r (goal <= 0.15: $(verdict "$r" "<=" 0.15)); $(per blkimg-io) vs $(per qemu-io) sectors per 512-byte write; read-back $verify"
