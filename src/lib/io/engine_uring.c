@@ -1,1 +1,362 @@
 /* SPDX-License-Identifier: MIT */
+/*
+ * io_uring engine (liburing). Requests are queued as SQEs by submit and
+ * handed to the kernel in batches by poll, which also reaps every available
+ * CQE per pass. BI_IO_WORK runs on a small worker pool whose completions
+ * wake the ring through an eventfd watched by a poll request on the ring,
+ * so waiting on the ring covers both kinds of completion.
+ */
+#include "io/engine.h"
+#include "io/pool.h"
+
+#include <errno.h>
+#include <liburing.h>
+#include <poll.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+/* user_data of the eventfd poll request; no bi_io lives at address 1. */
+#define TAG_POOL ((uint64_t)1)
+/* Workers for BI_IO_WORK (CPU work such as compression) and fallbacks. */
+#define POOL_THREADS 16
+/* CQEs copied out per batch while reaping. */
+#define REAP_BATCH 64
+
+struct uring {
+    struct io_uring ring;
+    struct bi_pool *pool; /* created on first use */
+    bool pool_armed;      /* the eventfd poll request is live */
+    bool multishot_ok;    /* multishot poll works on this kernel */
+    bool fallocate_ok;    /* the kernel knows IORING_OP_FALLOCATE */
+    /* Requests that found the submission queue full even after a submit
+     * (the kernel refused to take more for now): retried by poll. */
+    struct bi_io *backlog_head, *backlog_tail;
+    /* Requests run inline because no worker pool could be created; their
+     * callbacks run at the next poll. */
+    struct bi_io *inline_head, *inline_tail;
+};
+
+static void list_push(struct bi_io **head, struct bi_io **tail,
+                      struct bi_io *io)
+{
+    io->next = NULL;
+    if (*tail) {
+        (*tail)->next = io;
+    } else {
+        *head = io;
+    }
+    *tail = io;
+}
+
+static int uring_init(struct bi_engine *e, unsigned depth)
+{
+    struct uring *u = calloc(1, sizeof(*u));
+    struct io_uring_probe *probe;
+    int r;
+
+    if (!u) {
+        return -ENOMEM;
+    }
+    if (depth == 0) {
+        depth = 128;
+    }
+    /* Cooperative task running avoids interrupting the submitter to post
+     * completions; older kernels reject the flag, so retry without. */
+    r = io_uring_queue_init(depth, &u->ring, IORING_SETUP_COOP_TASKRUN);
+    if (r == -EINVAL) {
+        r = io_uring_queue_init(depth, &u->ring, 0);
+    }
+    if (r < 0) {
+        free(u);
+        return r;
+    }
+    probe = io_uring_get_probe_ring(&u->ring);
+    if (probe) {
+        u->fallocate_ok = io_uring_opcode_supported(probe, IORING_OP_FALLOCATE);
+        io_uring_free_probe(probe);
+    }
+    u->multishot_ok = true;
+    e->priv = u;
+    e->in_flight = 0;
+    return 0;
+}
+
+static void uring_cleanup(struct bi_engine *e)
+{
+    struct uring *u = e->priv;
+
+    if (!u) {
+        return;
+    }
+    /* Closing the ring cancels the eventfd poll; the pool then drains. */
+    io_uring_queue_exit(&u->ring);
+    bi_pool_free(u->pool);
+    free(u);
+    e->priv = NULL;
+}
+
+/* A free SQE, submitting what is queued to make room if the SQ is full. */
+static struct io_uring_sqe *get_sqe(struct uring *u)
+{
+    struct io_uring_sqe *sqe = io_uring_get_sqe(&u->ring);
+
+    if (!sqe) {
+        io_uring_submit(&u->ring);
+        sqe = io_uring_get_sqe(&u->ring);
+    }
+    return sqe;
+}
+
+static void arm_pool_poll(struct uring *u)
+{
+    struct io_uring_sqe *sqe = get_sqe(u);
+
+    if (!sqe) {
+        return; /* poll retries: pool_armed stays false */
+    }
+    if (u->multishot_ok) {
+        io_uring_prep_poll_multishot(sqe, bi_pool_fd(u->pool), POLLIN);
+    } else {
+        io_uring_prep_poll_add(sqe, bi_pool_fd(u->pool), POLLIN);
+    }
+    io_uring_sqe_set_data64(sqe, TAG_POOL);
+    u->pool_armed = true;
+}
+
+static void to_pool(struct uring *u, struct bi_io *io)
+{
+    if (!u->pool) {
+        u->pool = bi_pool_new(POOL_THREADS, true);
+        if (!u->pool) {
+            /* No pool at all: do it here, report it at the next poll. */
+            bi_io_exec(io);
+            list_push(&u->inline_head, &u->inline_tail, io);
+            return;
+        }
+    }
+    if (!u->pool_armed) {
+        arm_pool_poll(u);
+    }
+    bi_pool_submit(u->pool, io);
+}
+
+static bool prep(struct uring *u, struct bi_io *io)
+{
+    struct io_uring_sqe *sqe = get_sqe(u);
+
+    if (!sqe) {
+        return false;
+    }
+    switch (io->op) {
+    case BI_IO_READ:
+        if (io->iovcnt == 1 && io->iov[0].iov_len <= UINT32_MAX) {
+            io_uring_prep_read(sqe, io->fd, io->iov[0].iov_base,
+                               (unsigned)io->iov[0].iov_len, io->offset);
+        } else {
+            io_uring_prep_readv(sqe, io->fd, io->iov, (unsigned)io->iovcnt,
+                                io->offset);
+        }
+        break;
+    case BI_IO_WRITE:
+        if (io->iovcnt == 1 && io->iov[0].iov_len <= UINT32_MAX) {
+            io_uring_prep_write(sqe, io->fd, io->iov[0].iov_base,
+                                (unsigned)io->iov[0].iov_len, io->offset);
+        } else {
+            io_uring_prep_writev(sqe, io->fd, io->iov, (unsigned)io->iovcnt,
+                                 io->offset);
+        }
+        break;
+    case BI_IO_FSYNC:
+        io_uring_prep_fsync(sqe, io->fd, IORING_FSYNC_DATASYNC);
+        break;
+    case BI_IO_FALLOCATE:
+        io_uring_prep_fallocate(sqe, io->fd, io->mode, (off_t)io->offset,
+                                (off_t)io->len);
+        break;
+    default:
+        io_uring_prep_nop(sqe); /* not reached: filtered by submit */
+        break;
+    }
+    io_uring_sqe_set_data(sqe, io);
+    return true;
+}
+
+static void uring_submit(struct bi_engine *e, struct bi_io *io)
+{
+    struct uring *u = e->priv;
+
+    e->in_flight++;
+    if (io->op == BI_IO_WORK ||
+        (io->op == BI_IO_FALLOCATE && !u->fallocate_ok)) {
+        to_pool(u, io);
+        return;
+    }
+    if (u->backlog_head || !prep(u, io)) {
+        /* Keep order behind earlier refused ones. */
+        list_push(&u->backlog_head, &u->backlog_tail, io);
+    }
+}
+
+static void complete(struct bi_engine *e, struct bi_io *io, int64_t ret)
+{
+    io->ret = ret;
+    e->in_flight--;
+    io->cb(io);
+}
+
+/* Runs the callbacks of finished pool requests; returns how many. */
+static int reap_pool(struct bi_engine *e, struct uring *u)
+{
+    struct bi_io *io;
+    int n = 0;
+
+    if (!u->pool) {
+        return 0;
+    }
+    io = bi_pool_take(u->pool);
+    while (io) {
+        struct bi_io *next = io->next;
+
+        e->in_flight--;
+        n++;
+        io->cb(io);
+        io = next;
+    }
+    return n;
+}
+
+/* Queues refused requests again as SQ space allows. */
+static void flush_backlog(struct uring *u)
+{
+    while (u->backlog_head && prep(u, u->backlog_head)) {
+        u->backlog_head = u->backlog_head->next;
+    }
+    if (!u->backlog_head) {
+        u->backlog_tail = NULL;
+    }
+}
+
+/* Runs the callbacks of requests done inline; returns how many. */
+static int reap_inline(struct bi_engine *e, struct uring *u)
+{
+    struct bi_io *io = u->inline_head;
+    int n = 0;
+
+    u->inline_head = u->inline_tail = NULL;
+    while (io) {
+        struct bi_io *next = io->next;
+
+        e->in_flight--;
+        n++;
+        io->cb(io);
+        io = next;
+    }
+    return n;
+}
+
+static int reap_ring(struct bi_engine *e, struct uring *u)
+{
+    struct io_uring_cqe *cqes[REAP_BATCH];
+    int n = 0;
+
+    for (;;) {
+        struct {
+            uint64_t data;
+            int32_t res;
+            uint32_t flags;
+        } got[REAP_BATCH];
+        unsigned cnt = io_uring_peek_batch_cqe(&u->ring, cqes, REAP_BATCH);
+
+        if (cnt == 0) {
+            return n;
+        }
+        /* Copy out and release the CQ slots before running callbacks, so
+         * that callbacks may submit or even poll again. */
+        for (unsigned i = 0; i < cnt; i++) {
+            got[i].data = cqes[i]->user_data;
+            got[i].res = cqes[i]->res;
+            got[i].flags = cqes[i]->flags;
+        }
+        io_uring_cq_advance(&u->ring, cnt);
+        for (unsigned i = 0; i < cnt; i++) {
+            if (got[i].data == TAG_POOL) {
+                uint64_t v;
+
+                if (got[i].res == -EINVAL && u->multishot_ok) {
+                    u->multishot_ok = false; /* fall back to one-shot */
+                }
+                if (!(got[i].flags & IORING_CQE_F_MORE)) {
+                    u->pool_armed = false;
+                }
+                if (got[i].res > 0) {
+                    /* Reset the counter; the queue is drained below. */
+                    (void)!read(bi_pool_fd(u->pool), &v, sizeof(v));
+                }
+                n += reap_pool(e, u);
+                continue;
+            }
+            struct bi_io *io = (struct bi_io *)(uintptr_t)got[i].data;
+
+            if (io->op == BI_IO_FALLOCATE &&
+                (got[i].res == -EINVAL || got[i].res == -EOPNOTSUPP)) {
+                /* Some kernels take the opcode but not every mode through
+                 * the ring: do it as a plain system call instead. */
+                to_pool(u, io);
+                continue;
+            }
+            complete(e, io, got[i].res);
+            n++;
+        }
+        if (cnt < REAP_BATCH) {
+            return n;
+        }
+    }
+}
+
+static int uring_poll(struct bi_engine *e, unsigned min_complete)
+{
+    struct uring *u = e->priv;
+    int done = 0;
+
+    for (;;) {
+        int r;
+
+        if (u->backlog_head) {
+            flush_backlog(u);
+        }
+        if (u->inline_head) {
+            done += reap_inline(e, u);
+        }
+        if (u->pool && !u->pool_armed) {
+            arm_pool_poll(u);
+        }
+        done += reap_ring(e, u);
+        if (u->pool && bi_pool_has_done(u->pool)) {
+            done += reap_pool(e, u);
+        }
+        if ((unsigned)done >= min_complete || e->in_flight == 0) {
+            if (io_uring_sq_ready(&u->ring) > 0) {
+                r = io_uring_submit(&u->ring);
+                if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY) {
+                    return r;
+                }
+            }
+            return done;
+        }
+        /* Submit what is queued and wait for a completion, one syscall. */
+        r = io_uring_submit_and_wait(&u->ring, 1);
+        if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY &&
+            r != -ETIME) {
+            return r;
+        }
+    }
+}
+
+const struct bi_engine_ops bi_engine_uring_ops = {
+    .name = "io_uring",
+    .init = uring_init,
+    .cleanup = uring_cleanup,
+    .submit = uring_submit,
+    .poll = uring_poll,
+};
