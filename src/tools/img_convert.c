@@ -188,7 +188,8 @@ bi_node *cv_open(const char *filename, const char *fmt, bool image_opts,
     bi_error_init(&err);
     n = bi_open(fname, &o, &err);
     if (!n) {
-        cv_err("Could not open '%s': %s", fname, err.msg);
+        /* the library's message is qemu's whole line */
+        cv_err("%s", err.msg);
     }
     /* The node keeps no pointer to option strings past open except the
      * format name, which the library copies; free ours. */
@@ -244,6 +245,18 @@ static bool key_known(const char *fmt, const char *key)
         }
     }
     return false;
+}
+
+/* bi_create's message starts with "<file>: " as qemu-img create prints it;
+ * convert and dd put their own words between. */
+const char *strip_file_prefix(const char *msg, const char *file);
+const char *strip_file_prefix(const char *msg, const char *file)
+{
+    size_t l = strlen(file);
+    if (!strncmp(msg, file, l) && !strncmp(msg + l, ": ", 2)) {
+        return msg + l + 2;
+    }
+    return msg;
 }
 
 enum {
@@ -539,7 +552,7 @@ int img_convert(int argc, char **argv)
         bi_error_init(&err);
         if (bi_create(out_filename, &co, &err) < 0) {
             cv_err("%s: error while converting %s: %s", out_filename, out_fmt,
-                   err.msg);
+                   strip_file_prefix(err.msg, out_filename));
             goto out;
         }
     }

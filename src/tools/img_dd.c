@@ -20,6 +20,7 @@
 
 void cv_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cv_getopt_error(char **argv, int c);
+const char *strip_file_prefix(const char *msg, const char *file);
 bi_node *cv_open(const char *filename, const char *fmt, bool image_opts,
                  enum bi_cache cache, bool rw, bool force_share,
                  bool quiet_probe);
@@ -154,12 +155,14 @@ int img_dd(int argc, char **argv)
     struct bi_create_opts co;
     memset(&co, 0, sizeof(co));
     co.format = out_fmt;
-    co.size = beyond ? 0 : (uint64_t)(size - bsz * skip);
+    /* image sizes are whole sectors, as qemu-img's create makes them */
+    co.size = beyond ? 0 : bi_align_up((uint64_t)(size - bsz * skip), 512);
     co.size_set = true;
     co.quiet = true;
     bi_error_init(&err);
     if (bi_create(out_name, &co, &err) < 0) {
-        cv_err("%s: error while creating output image: %s", out_name, err.msg);
+        cv_err("%s: error while creating output image: %s", out_name,
+               strip_file_prefix(err.msg, out_name));
         goto out;
     }
     out = cv_open(out_name, out_fmt, false, BI_CACHE_WRITEBACK, true, false,
