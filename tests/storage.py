@@ -298,6 +298,7 @@ int main(int argc, char **argv)
     bi_error err;
     int i = 1, ret = 0;
     const char *fmt = "raw";
+    size_t dirty = 0;
 
     bi_open_opts_init(&o);
     bi_error_init(&err);
@@ -323,6 +324,8 @@ int main(int argc, char **argv)
     for (; i < argc && argv[i][0] == '-'; i++) {
         if (!strcmp(argv[i], "-r")) {
             o.read_write = false;
+        } else if (!strcmp(argv[i], "-D") && i + 1 < argc) {
+            dirty = strtoull(argv[++i], NULL, 0);
         } else if (!strcmp(argv[i], "-U")) {
             o.force_share = true;
         } else if (!strcmp(argv[i], "-f") && i + 1 < argc) {
@@ -346,6 +349,14 @@ int main(int argc, char **argv)
         return 1;
     }
     bi_node *p = bi_node_file(n) ? bi_node_file(n) : n;
+    if (dirty) {
+        /* -D SIZE: leave freed, dirty aligned memory of that size behind,
+         * so that a bounce buffer reusing it starts as garbage: bytes the
+         * driver fails to fill show up. */
+        void *junk = bi_blockalign(p, dirty);
+        memset(junk, 0xA5, dirty);
+        bi_free_aligned(junk);
+    }
     if (!strcmp(cmd, "limits")) {
         const struct bi_limits *l = bi_node_limits(p);
         struct bi_storage_info si;
