@@ -213,7 +213,6 @@ int main(int argc, char **argv)
 
     signal(SIGPIPE, SIG_IGN);
     io_set_progname(prog);
-    argv[0] = prog; /* getopt's messages name the program as we do */
     io_open_req_init(&req);
 
     while ((c = getopt_long(argc, argv, sopt, lopt, NULL)) != -1) {

@@ -2170,6 +2170,26 @@ static bool is_generic_opt(const char *key)
     return false;
 }
 
+/* bi_open words its errors as qemu-img does: "Could not open 'f': <cause>".
+ * qemu-io prints the cause alone ("Image is not in qcow2 format", "Unknown
+ * driver 'x'"), except for failures of the file itself, which read "Could
+ * not open 'f': No such file or directory" in both tools. */
+static const char *open_error_text(const bi_error *err, const char *fname)
+{
+    char *wrap = bi_xasprintf("Could not open '%s': ", fname);
+    size_t n = strlen(wrap);
+    const char *inner = err->msg;
+
+    if (strncmp(err->msg, wrap, n) == 0 && err->msg[n]) {
+        inner = err->msg + n;
+        if (err->code && strcmp(inner, strerror(-err->code)) == 0) {
+            inner = err->msg; /* a bare errno: the file's own failure */
+        }
+    }
+    free(wrap);
+    return inner;
+}
+
 int io_openfile(const char *name, struct io_open_req *r)
 {
     const struct bi_optlist *l = &r->opts;
@@ -2206,8 +2226,12 @@ int io_openfile(const char *name, struct io_open_req *r)
     if (!fname) {
         fname = opt_get(l, "file.filename");
     }
-    if (!fname) {
-        fname = opt_get(l, "file");
+    v = opt_get(l, "file");
+    if (!fname && v) {
+        /* "file=<name>" refers to an existing node, of which we have none */
+        io_error_report("%sCannot find device='%s' nor node-name='%s'", prefix,
+                        v, v);
+        return 1;
     }
     if (!fname && driver && !strcmp(driver, "file")) {
         fname = opt_get(l, "filename");
@@ -2371,7 +2395,7 @@ int io_openfile(const char *name, struct io_open_req *r)
     bi_error_init(&err);
     n = bi_open(fname, &o, &err);
     if (!n) {
-        io_error_report("%s%s", prefix, err.msg);
+        io_error_report("%s%s", prefix, open_error_text(&err, fname));
         goto out;
     }
     g_node = n;
