@@ -177,6 +177,11 @@ BI_EXPORT int bi_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len,
                                int flags);
 BI_EXPORT int bi_pdiscard(bi_node *n, uint64_t off, uint64_t len);
 BI_EXPORT int bi_flush(bi_node *n);
+/* needed by blkimg-io: write -c. Writes [off, off+len) compressed (qcow2;
+ * -ENOTSUP for formats without compression); off cluster-aligned, len a
+ * multiple of the cluster size except for the image's last cluster. */
+BI_EXPORT int bi_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
+                                   size_t len);
 
 enum bi_prealloc {
     BI_PREALLOC_OFF = 0,
