@@ -1,1 +1,927 @@
 /* SPDX-License-Identifier: MIT */
+/*
+ * qcow2: header parsing with full bounds checks, open/close, info and the
+ * driver table. See qcow2.h for the layout of the driver.
+ */
+#include "qcow2.h"
+#include "blkimg/qcow2.h"
+#include "util/util.h"
+#include <endian.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint32_t rd32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return be32toh(v);
+}
+static uint64_t rd64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return be64toh(v);
+}
+
+/* Sets an error without errno text (QEMU's qcow2 messages have none). */
+static int qerr(bi_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int qerr(bi_error *err, int code, const char *fmt, ...)
+{
+    char buf[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    bi_error_set(err, 0, "%s", buf);
+    if (err && err->code == 0)
+        err->code = code;
+    return code;
+}
+
+/* ------------------------------------------------------------ L2 entries */
+
+void qc_get_l2(const qcow2_state *s, const void *table, uint64_t idx,
+               uint64_t *entry, uint64_t *bitmap)
+{
+    const uint8_t *p = (const uint8_t *)table + idx * s->l2_entry_size;
+    *entry = rd64(p);
+    *bitmap = s->ext_l2 ? rd64(p + 8) : 0;
+}
+
+void qc_set_l2(const qcow2_state *s, void *table, uint64_t idx, uint64_t entry,
+               uint64_t bitmap)
+{
+    uint8_t *p = (uint8_t *)table + idx * s->l2_entry_size;
+    uint64_t v = htobe64(entry);
+    memcpy(p, &v, 8);
+    if (s->ext_l2) {
+        v = htobe64(bitmap);
+        memcpy(p + 8, &v, 8);
+    }
+}
+
+enum qcow2_sc_type qc_sc_type(const qcow2_state *s, uint64_t entry,
+                              uint64_t bitmap, unsigned sc)
+{
+    if (entry & QCOW_OFLAG_COMPRESSED)
+        return QC_COMPRESSED;
+    uint64_t host = entry & L2E_OFFSET_MASK;
+    bool has_host =
+        host || (qc_has_data_file(s) && (entry & QCOW_OFLAG_COPIED));
+    if (!s->ext_l2) {
+        if (s->version >= 3 && (entry & QCOW_OFLAG_ZERO))
+            return has_host ? QC_ZERO_ALLOC : QC_ZERO_PLAIN;
+        return has_host ? QC_NORMAL : QC_UNALLOC_PLAIN;
+    }
+    uint32_t alloc = (uint32_t)bitmap, zero = (uint32_t)(bitmap >> 32);
+    if (alloc & zero)
+        return QC_INVALID;
+    if (!has_host) {
+        if (alloc)
+            return QC_INVALID;
+        return (zero >> sc) & 1 ? QC_ZERO_PLAIN : QC_UNALLOC_PLAIN;
+    }
+    if ((alloc >> sc) & 1)
+        return QC_NORMAL;
+    if ((zero >> sc) & 1)
+        return QC_ZERO_ALLOC;
+    return QC_UNALLOC_ALLOC;
+}
+
+/* --------------------------------------------------------------- header */
+
+int qc_write_header_field(bi_node *n, uint64_t off, const void *be_bytes,
+                          size_t len)
+{
+    int ret = bi_co_pwrite(n->file, off, be_bytes, len, 0);
+    if (ret < 0)
+        return ret;
+    return bi_co_flush(n->file);
+}
+
+int qc_update_incompat(bi_node *n, uint64_t incompat)
+{
+    qcow2_state *s = n->opaque;
+    if (s->version < 3)
+        return 0;
+    uint64_t v = htobe64(incompat);
+    int ret = qc_write_header_field(n, QH_INCOMPAT, &v, 8);
+    if (ret == 0)
+        s->incompat = incompat;
+    return ret;
+}
+
+int qc_signal_corruption(bi_node *n, const char *fmt, ...)
+{
+    qcow2_state *s = n->opaque;
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    if (!s->read_only && !s->corrupt) {
+        fprintf(stderr,
+                "qcow2: Marking image as corrupt: %s; further corruption "
+                "events will be suppressed\n",
+                buf);
+        s->corrupt = true;
+        if (s->version >= 3)
+            qc_update_incompat(n, s->incompat | QCOW2_INCOMPAT_CORRUPT);
+    } else if (s->read_only && !s->corrupt) {
+        fprintf(stderr,
+                "qcow2: Image is corrupt: %s; further corruption "
+                "events will be suppressed\n",
+                buf);
+        s->corrupt = true;
+    }
+    return -EIO;
+}
+
+static const char *feature_name(const qcow2_state *s, int type, int bit)
+{
+    for (int i = 0; i < s->n_features; i++)
+        if (s->features[i].type == type && s->features[i].bit == bit)
+            return s->features[i].name;
+    return NULL;
+}
+
+static int report_unsupported(qcow2_state *s, uint64_t mask, bi_error *err)
+{
+    char buf[900] = "";
+    size_t pos = 0;
+    for (int bit = 0; bit < 64; bit++) {
+        if (!(mask & (1ULL << bit)))
+            continue;
+        const char *name = feature_name(s, 0, bit);
+        if (!name)
+            continue;
+        pos += (size_t)snprintf(buf + pos, sizeof(buf) - pos, "%s%s",
+                                pos ? ", " : "", name);
+        if (pos >= sizeof(buf))
+            pos = sizeof(buf) - 1;
+        mask &= ~(1ULL << bit);
+    }
+    if (mask)
+        snprintf(buf + pos, sizeof(buf) - pos,
+                 "%sUnknown incompatible feature: %" PRIx64, pos ? ", " : "",
+                 mask);
+    return qerr(err, -ENOTSUP, "Unsupported qcow2 feature(s): %s", buf);
+}
+
+/* A name stored in an image must be a plain local file name. */
+static int check_plain_name(const char *what, const char *name, bi_error *err)
+{
+    static const char *const protos[] = {
+        "json:",      "nbd:",    "nbd+",         "http:",  "https:",
+        "ftp:",       "ftps:",   "ssh:",         "iscsi:", "rbd:",
+        "gluster",    "nfs:",    "null-",        "vvfat:", "blkdebug:",
+        "blkverify:", "quorum:", "host_device:", "fat:",
+    };
+    if (!name[0])
+        return qerr(err, -EINVAL, "%s name is empty", what);
+    for (size_t i = 0; i < BI_ARRAY_SIZE(protos); i++)
+        if (!strncmp(name, protos[i], strlen(protos[i])))
+            return qerr(err, -EINVAL,
+                        "%s name '%s' is not a plain local file name", what,
+                        name);
+    return 0;
+}
+
+/* offset + len must be inside the file, offset cluster aligned. */
+static bool table_ok(const qcow2_state *s, uint64_t offset, uint64_t len)
+{
+    if (offset & (s->cluster_size - 1))
+        return false;
+    if (offset > INT64_MAX - len)
+        return false;
+    if (offset + len > bi_align_up(s->file_size, s->cluster_size))
+        return false;
+    return true;
+}
+
+static char *dup_str(const uint8_t *p, size_t len)
+{
+    char *r = malloc(len + 1);
+    if (!r)
+        return NULL;
+    memcpy(r, p, len);
+    r[len] = 0;
+    return r;
+}
+
+static int parse_extensions(qcow2_state *s, const uint8_t *hdr, uint64_t start,
+                            uint64_t end, bi_error *err)
+{
+    uint64_t off = start;
+    while (off < end) {
+        if (end - off < 8)
+            return qerr(err, -EINVAL,
+                        "qcow2_read_extension: ERROR: "
+                        "pread fail from offset %" PRIu64,
+                        off);
+        uint32_t type = rd32(hdr + off);
+        uint32_t len = rd32(hdr + off + 4);
+        off += 8;
+        if (len > end - off)
+            return qerr(err, -EINVAL, "Header extension too large");
+        const uint8_t *d = hdr + off;
+        switch (type) {
+        case QCOW2_EXT_END:
+            return 0;
+        case QCOW2_EXT_BACKING_FORMAT:
+            if (len >= 16)
+                return qerr(err, -EINVAL,
+                            "ERROR: ext_backing_format: len=%u too large "
+                            "(>=16)",
+                            len);
+            free(s->backing_format);
+            s->backing_format = dup_str(d, len);
+            if (!s->backing_format)
+                return -ENOMEM;
+            break;
+        case QCOW2_EXT_FEATURE_TABLE: {
+            uint32_t cnt = len / 48;
+            free(s->features);
+            s->features = calloc(cnt ? cnt : 1, sizeof(*s->features));
+            if (!s->features)
+                return -ENOMEM;
+            s->n_features = (int)cnt;
+            for (uint32_t i = 0; i < cnt; i++) {
+                s->features[i].type = d[i * 48];
+                s->features[i].bit = d[i * 48 + 1];
+                memcpy(s->features[i].name, d + i * 48 + 2, 46);
+                s->features[i].name[46] = 0;
+            }
+            break;
+        }
+        case QCOW2_EXT_BITMAPS:
+            s->has_bitmaps = true;
+            break;
+        case QCOW2_EXT_CRYPTO:
+            break; /* encrypted images are refused anyway */
+        case QCOW2_EXT_DATA_FILE:
+            if (len > QCOW2_MAX_BACKING_NAME)
+                return qerr(err, -EINVAL, "Data file name too long");
+            free(s->data_file_name);
+            s->data_file_name = dup_str(d, len);
+            if (!s->data_file_name)
+                return -ENOMEM;
+            break;
+        default:
+            break; /* unknown: preserved (we never rewrite the area) */
+        }
+        off += bi_align_up(len, 8);
+    }
+    return 0;
+}
+
+static char *dirname_join(const char *base_file, const char *name)
+{
+    if (name[0] == '/')
+        return bi_xstrdup(name);
+    const char *slash = strrchr(base_file, '/');
+    if (!slash)
+        return bi_xstrdup(name);
+    return bi_xasprintf("%.*s/%s", (int)(slash - base_file), base_file, name);
+}
+
+struct open_args {
+    bi_node *n;
+    const struct bi_open_opts *o;
+    bi_error *err;
+};
+
+static uint64_t parse_cache_opt(const struct bi_open_opts *o, const char *key,
+                                uint64_t def)
+{
+    if (!o || !o->driver_opts)
+        return def;
+    size_t kl = strlen(key);
+    for (const char *const *p = o->driver_opts; *p; p++) {
+        if (!strncmp(*p, key, kl) && (*p)[kl] == '=') {
+            uint64_t v;
+            if (bi_parse_size(*p + kl + 1, &v) == 0)
+                return v;
+        }
+    }
+    return def;
+}
+
+static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
+                         bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    uint8_t *hdr = NULL;
+    int ret;
+    uint8_t fixed[QH_V3_LENGTH];
+
+    s->node = n;
+    s->read_only = n->read_only;
+    bi_co_mutex_init(&s->lock);
+    int64_t fsz = bi_getlength(n->file);
+    if (fsz < 0)
+        return qerr(err, (int)fsz, "Could not read qcow2 header: %s",
+                    strerror((int)-fsz));
+    s->file_size = (uint64_t)fsz;
+    if (s->file_size < QH_V2_LENGTH)
+        return qerr(err, -EINVAL, "Image is not in qcow2 format");
+
+    memset(fixed, 0, sizeof(fixed));
+    ret = bi_co_pread(n->file, 0, fixed, BI_MIN(sizeof(fixed), s->file_size));
+    if (ret < 0)
+        return qerr(err, ret, "Could not read qcow2 header: %s",
+                    strerror(-ret));
+    if (rd32(fixed + QH_MAGIC) != QCOW2_MAGIC)
+        return qerr(err, -EINVAL, "Image is not in qcow2 format");
+    s->version = rd32(fixed + QH_VERSION);
+    if (s->version < 2 || s->version > 3)
+        return qerr(err, -ENOTSUP, "Unsupported qcow2 version %u", s->version);
+    s->cluster_bits = rd32(fixed + QH_CLUSTER_BITS);
+    if (s->cluster_bits < QCOW2_MIN_CLUSTER_BITS ||
+        s->cluster_bits > QCOW2_MAX_CLUSTER_BITS)
+        return qerr(err, -EINVAL, "Unsupported cluster size: 2^%u",
+                    s->cluster_bits);
+    s->cluster_size = 1ULL << s->cluster_bits;
+
+    if (s->version == 2) {
+        s->header_length = QH_V2_LENGTH;
+        s->refcount_order = 4;
+    } else {
+        s->header_length = rd32(fixed + QH_HEADER_LENGTH);
+        if (s->header_length < QH_V3_MIN_LENGTH)
+            return qerr(err, -EINVAL, "qcow2 header too short");
+        if (s->header_length > s->cluster_size)
+            return qerr(err, -EINVAL, "qcow2 header exceeds cluster size");
+        s->incompat = rd64(fixed + QH_INCOMPAT);
+        s->compat = rd64(fixed + QH_COMPAT);
+        s->autoclear = rd64(fixed + QH_AUTOCLEAR);
+        s->refcount_order = rd32(fixed + QH_REFCOUNT_ORDER);
+        if (s->header_length > QH_COMPRESSION_TYPE)
+            s->compression_type = fixed[QH_COMPRESSION_TYPE];
+    }
+    if (s->file_size < s->header_length)
+        return qerr(err, -EINVAL, "qcow2 header exceeds the file size");
+
+    /* The whole first cluster: header, extensions, backing name. */
+    uint64_t hlen = BI_MIN(s->cluster_size, s->file_size);
+    hdr = bi_blockalign(n->file, s->cluster_size);
+    if (!hdr)
+        return -ENOMEM;
+    memset(hdr, 0, s->cluster_size);
+    ret = bi_co_pread(n->file, 0, hdr, hlen);
+    if (ret < 0) {
+        qerr(err, ret, "Could not read qcow2 header: %s", strerror(-ret));
+        goto out;
+    }
+
+    uint64_t backing_off = rd64(hdr + QH_BACKING_OFFSET);
+    uint32_t backing_len = rd32(hdr + QH_BACKING_SIZE);
+    if (backing_off > s->cluster_size) {
+        ret = qerr(err, -EINVAL, "Invalid backing file offset");
+        goto out;
+    }
+    uint64_t ext_end = backing_off ? backing_off : s->cluster_size;
+    if (s->header_length < ext_end) {
+        ret = parse_extensions(s, hdr, s->header_length, ext_end, err);
+        if (ret < 0)
+            goto out;
+    }
+
+    if (s->incompat & ~QCOW2_INCOMPAT_KNOWN) {
+        ret = report_unsupported(s, s->incompat & ~QCOW2_INCOMPAT_KNOWN, err);
+        goto out;
+    }
+    if ((s->incompat & QCOW2_INCOMPAT_CORRUPT) && !n->read_only) {
+        ret = qerr(err, -EACCES,
+                   "qcow2: Image is corrupt; cannot be opened read/write");
+        goto out;
+    }
+    s->corrupt = (s->incompat & QCOW2_INCOMPAT_CORRUPT) != 0;
+    if (s->refcount_order > 6) {
+        ret = qerr(err, -EINVAL,
+                   "Reference count entry width too large; "
+                   "may not exceed 64 bits");
+        goto out;
+    }
+    s->refcount_bits = 1u << s->refcount_order;
+    s->refcount_max =
+        s->refcount_bits == 64 ? UINT64_MAX : (1ULL << s->refcount_bits) - 1;
+    s->rb_bits = s->cluster_bits + 3 - s->refcount_order;
+
+    s->crypt_method = rd32(hdr + QH_CRYPT);
+    if (s->crypt_method > 2) {
+        ret = qerr(err, -EINVAL, "Unsupported encryption method: %u",
+                   s->crypt_method);
+        goto out;
+    }
+    if (s->crypt_method) {
+        ret =
+            qerr(err, -ENOTSUP, "Encrypted qcow2 images (%s) are not supported",
+                 s->crypt_method == 1 ? "aes" : "luks");
+        goto out;
+    }
+
+    if (s->incompat & QCOW2_INCOMPAT_COMPRESSION) {
+        if (s->header_length <= QH_COMPRESSION_TYPE ||
+            s->compression_type == 0) {
+            ret = qerr(err, -EINVAL,
+                       "qcow2: Compression type incompatible feature bit "
+                       "must not be set with zlib compression type");
+            goto out;
+        }
+    } else if (s->compression_type != 0) {
+        ret = qerr(err, -EINVAL,
+                   "qcow2: Invalid compression type: incompatible feature "
+                   "bit is not set");
+        goto out;
+    }
+    if (s->compression_type > 1) {
+        ret = qerr(err, -ENOTSUP, "qcow2: unknown compression type: %u",
+                   s->compression_type);
+        goto out;
+    }
+
+    s->ext_l2 = (s->incompat & QCOW2_INCOMPAT_EXTL2) != 0;
+    if (s->ext_l2 && s->cluster_bits < 14) {
+        ret = qerr(err, -EINVAL,
+                   "Extended L2 entries are only supported with cluster "
+                   "sizes of at least 16384 bytes");
+        goto out;
+    }
+    s->l2_entry_size = s->ext_l2 ? 16 : 8;
+    s->l2_bits = s->cluster_bits - (s->ext_l2 ? 4 : 3);
+    s->l2_entries = 1ULL << s->l2_bits;
+    s->sc_per_cluster = s->ext_l2 ? 32 : 1;
+    s->subcluster_bits = s->cluster_bits - (s->ext_l2 ? 5 : 0);
+    s->subcluster_size = 1ULL << s->subcluster_bits;
+    s->csize_shift = 62 - (s->cluster_bits - 8);
+    s->csize_mask = (1ULL << (s->cluster_bits - 8)) - 1;
+    s->cluster_offset_mask = (1ULL << s->csize_shift) - 1;
+
+    /* data file */
+    if (s->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW) {
+        if (!qc_has_data_file(s)) {
+            ret = qerr(err, -EINVAL, "data-file-raw requires a data file");
+            goto out;
+        }
+        s->data_file_raw = true;
+    }
+
+    /* backing file */
+    if (backing_off) {
+        if (backing_len > QCOW2_MAX_BACKING_NAME) {
+            ret = qerr(err, -EINVAL, "Backing file name too long");
+            goto out;
+        }
+        if (backing_len > s->cluster_size - backing_off) {
+            ret = qerr(err, -EINVAL, "Invalid backing file offset");
+            goto out;
+        }
+        if (memchr(hdr + backing_off, 0, backing_len)) {
+            ret = qerr(err, -EINVAL, "Backing file name contains a NUL byte");
+            goto out;
+        }
+        if (s->data_file_raw) {
+            ret = qerr(err, -EINVAL,
+                       "data-file-raw cannot be used with a "
+                       "backing file");
+            goto out;
+        }
+        s->backing_file = dup_str(hdr + backing_off, backing_len);
+        if (!s->backing_file) {
+            ret = -ENOMEM;
+            goto out;
+        }
+        ret = check_plain_name("Backing file", s->backing_file, err);
+        if (ret < 0)
+            goto out;
+    }
+
+    uint64_t size = rd64(hdr + QH_SIZE);
+    s->l1_size = rd32(hdr + QH_L1_SIZE);
+    s->l1_table_offset = rd64(hdr + QH_L1_OFFSET);
+    s->refcount_table_offset = rd64(hdr + QH_RT_OFFSET);
+    s->refcount_table_clusters = rd32(hdr + QH_RT_CLUSTERS);
+    s->nb_snapshots = rd32(hdr + QH_NB_SNAPSHOTS);
+    s->snapshots_offset = rd64(hdr + QH_SNAPSHOTS_OFFSET);
+
+    if (size > INT64_MAX) {
+        ret = qerr(err, -EFBIG, "Image size too large");
+        goto out;
+    }
+    if ((uint64_t)s->refcount_table_clusters >
+        QCOW2_MAX_REFTABLE_BYTES / s->cluster_size) {
+        ret = qerr(err, -EINVAL, "Reference count table too large");
+        goto out;
+    }
+    if (s->refcount_table_clusters == 0) {
+        ret = qerr(err, -EINVAL,
+                   "Image does not contain a reference count "
+                   "table");
+        goto out;
+    }
+    s->refcount_table_size =
+        ((uint64_t)s->refcount_table_clusters << s->cluster_bits) / 8;
+    if (!table_ok(s, s->refcount_table_offset,
+                  (uint64_t)s->refcount_table_clusters << s->cluster_bits)) {
+        ret = qerr(err, -EINVAL, "Invalid reference count table offset");
+        goto out;
+    }
+    if (s->nb_snapshots > QCOW2_MAX_SNAPSHOTS) {
+        ret = qerr(err, -EINVAL, "Too many snapshots");
+        goto out;
+    }
+    if (s->nb_snapshots && !table_ok(s, s->snapshots_offset, 40)) {
+        ret = qerr(err, -EINVAL, "Invalid snapshot table offset");
+        goto out;
+    }
+    if ((uint64_t)s->l1_size > QCOW2_MAX_L1_BYTES / 8) {
+        ret = qerr(err, -EFBIG, "Active L1 table too large");
+        goto out;
+    }
+    {
+        /* guest clusters covered by one L1 entry = l2_entries */
+        uint64_t l1_bits = s->l2_bits + s->cluster_bits;
+        uint64_t need =
+            l1_bits >= 64 ? 1 : (size + (1ULL << l1_bits) - 1) >> l1_bits;
+        if (need > s->l1_size) {
+            ret = qerr(err, -EINVAL, "L1 table is too small");
+            goto out;
+        }
+    }
+    if (s->l1_size &&
+        !table_ok(s, s->l1_table_offset, (uint64_t)s->l1_size * 8)) {
+        ret = qerr(err, -EINVAL, "Invalid L1 table offset");
+        goto out;
+    }
+    n->size = size;
+
+    /* L1 table */
+    s->l1_alloc = s->l1_size ? s->l1_size : 1;
+    s->l1_table = calloc(s->l1_alloc, 8);
+    if (!s->l1_table) {
+        ret = -ENOMEM;
+        goto out;
+    }
+    if (s->l1_size) {
+        ret = bi_co_pread(n->file, s->l1_table_offset, s->l1_table,
+                          (uint64_t)s->l1_size * 8);
+        if (ret < 0) {
+            qerr(err, ret, "Could not read L1 table: %s", strerror(-ret));
+            goto out;
+        }
+        for (uint32_t i = 0; i < s->l1_size; i++)
+            s->l1_table[i] = be64toh(s->l1_table[i]);
+    }
+
+    /* refcount table */
+    s->refcount_table = calloc(s->refcount_table_size, 8);
+    if (!s->refcount_table) {
+        ret = -ENOMEM;
+        goto out;
+    }
+    ret = bi_co_pread(n->file, s->refcount_table_offset, s->refcount_table,
+                      s->refcount_table_size * 8);
+    if (ret < 0) {
+        qerr(err, ret, "Could not read refcount table: %s", strerror(-ret));
+        goto out;
+    }
+    for (uint64_t i = 0; i < s->refcount_table_size; i++)
+        s->refcount_table[i] = be64toh(s->refcount_table[i]);
+
+    /* snapshots */
+    ret = qc_read_snapshots(n, err);
+    if (ret < 0)
+        goto out;
+
+    /* caches: 8 MiB of L2 by default (64 GiB of guest at 64 KiB) */
+    {
+        uint64_t l2_bytes = parse_cache_opt(o, "l2-cache-size", 8ULL << 20);
+        uint64_t rb_bytes =
+            parse_cache_opt(o, "refcount-cache-size", 1ULL << 20);
+        uint64_t l2n = l2_bytes >> s->cluster_bits;
+        uint64_t rbn = rb_bytes >> s->cluster_bits;
+        if (l2n < 16)
+            l2n = 16;
+        if (rbn < 16)
+            rbn = 16;
+        if (l2n > 65536)
+            l2n = 65536;
+        if (rbn > 65536)
+            rbn = 65536;
+        if (qc_cache_init(&s->l2_cache, "L2", (int)l2n) < 0 ||
+            qc_cache_init(&s->rb_cache, "refcount", (int)rbn) < 0) {
+            ret = -ENOMEM;
+            goto out;
+        }
+    }
+
+    /* external data file */
+    if (qc_has_data_file(s)) {
+        const char *dname = s->data_file_name;
+        if (o && o->driver_opts) {
+            for (const char *const *p = o->driver_opts; *p; p++)
+                if (!strncmp(*p, "data-file=", 10))
+                    dname = *p + 10;
+        }
+        if (!dname) {
+            ret = qerr(err, -EINVAL, "Missing data_file option");
+            goto out;
+        }
+        ret = check_plain_name("Data file", dname, err);
+        if (ret < 0)
+            goto out;
+        char *path = dirname_join(n->filename, dname);
+        struct bi_open_opts dopts;
+        bi_open_opts_init(&dopts);
+        if (o)
+            dopts = *o;
+        dopts.format = NULL;
+        dopts.read_write = !n->read_only;
+        s->data_file = bi_open_protocol(path, &dopts, err);
+        free(path);
+        if (!s->data_file) {
+            ret = err && err->code ? err->code : -EIO;
+            goto out;
+        }
+        s->data_file->parent = n;
+    } else if (s->data_file_name) {
+        ret = qerr(err, -EINVAL,
+                   "'data-file' can only be set for images "
+                   "with an external data file");
+        goto out;
+    }
+
+    if (s->backing_file) {
+        free(n->backing_filename);
+        n->backing_filename = bi_xstrdup(s->backing_file);
+        free(n->backing_format);
+        n->backing_format =
+            s->backing_format ? bi_xstrdup(s->backing_format) : NULL;
+    }
+
+    ret = qc_refcount_init(n);
+    if (ret < 0)
+        goto out;
+
+    if (!n->read_only) {
+        if (s->incompat & QCOW2_INCOMPAT_DIRTY) {
+            struct bi_check_result *res = NULL;
+            ret = qcow2_check_image(n, res, BI_CHECK_FIX_ALL, err);
+            if (ret < 0) {
+                if (!err || !err->msg[0])
+                    qerr(err, ret, "Could not repair dirty image: %s",
+                         strerror(-ret));
+                goto out;
+            }
+            ret = qc_update_incompat(n, s->incompat & ~QCOW2_INCOMPAT_DIRTY);
+            if (ret < 0)
+                goto out;
+        }
+        /* Unknown autoclear bits and the bitmaps bit (we do not keep
+         * bitmaps up to date) are cleared before the first write. */
+        uint64_t keep = s->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW;
+        if (s->version >= 3 && keep != s->autoclear) {
+            uint64_t v = htobe64(keep);
+            ret = qc_write_header_field(n, QH_AUTOCLEAR, &v, 8);
+            if (ret < 0) {
+                qerr(err, ret, "Could not update qcow2 header: %s",
+                     strerror(-ret));
+                goto out;
+            }
+            s->autoclear = keep;
+        }
+    }
+    ret = 0;
+out:
+    bi_free_aligned(hdr);
+    if (ret < 0 && err && !err->msg[0])
+        qerr(err, ret, "Could not open qcow2 image: %s", strerror(-ret));
+    return ret;
+}
+
+static void qcow2_free_state(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
+    if (!s)
+        return;
+    qc_cache_destroy(&s->l2_cache);
+    qc_cache_destroy(&s->rb_cache);
+    free(s->l1_table);
+    s->l1_table = NULL;
+    free(s->refcount_table);
+    s->refcount_table = NULL;
+    qc_free_snapshots(s);
+    free(s->backing_file);
+    free(s->backing_format);
+    free(s->data_file_name);
+    free(s->features);
+    free(s->pending_free);
+    s->backing_file = s->backing_format = s->data_file_name = NULL;
+    s->features = NULL;
+    s->pending_free = NULL;
+    if (s->data_file) {
+        bi_node_free(s->data_file);
+        s->data_file = NULL;
+    }
+}
+
+static int open_co(void *arg)
+{
+    struct open_args *a = arg;
+    return qcow2_do_open(a->n, a->o, a->err);
+}
+
+static int qcow2_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
+{
+    struct open_args a = {n, o, err};
+    int ret = bi_run_co(open_co, &a);
+    if (ret < 0)
+        qcow2_free_state(n);
+    return ret;
+}
+
+static int close_co(void *arg)
+{
+    bi_node *n = arg;
+    qcow2_state *s = n->opaque;
+    if (s->read_only || !s->l1_table)
+        return 0;
+    bi_co_mutex_lock(&s->lock);
+    int ret = qc_flush_metadata(n);
+    bi_co_mutex_unlock(&s->lock);
+    if (ret == 0)
+        ret = bi_co_flush(n->file);
+    return ret;
+}
+
+static void qcow2_close(bi_node *n)
+{
+    if (!n->opaque)
+        return;
+    bi_run_co(close_co, n);
+    qcow2_free_state(n);
+}
+
+static int qcow2_probe(const uint8_t *buf, size_t len, const char *filename)
+{
+    if (len >= 8 && rd32(buf) == QCOW2_MAGIC && rd32(buf + 4) >= 2)
+        return 100;
+    return 0;
+}
+
+static void qcow2_refresh_limits(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
+    n->limits = n->file->limits;
+    if (s && s->data_file) {
+        const struct bi_limits *d = &s->data_file->limits;
+        n->limits.min_mem_alignment =
+            BI_MAX(n->limits.min_mem_alignment, d->min_mem_alignment);
+        n->limits.opt_mem_alignment =
+            BI_MAX(n->limits.opt_mem_alignment, d->opt_mem_alignment);
+    }
+    /* The driver maps any byte range; the host nodes align their own I/O. */
+    n->limits.request_alignment = 1;
+    n->limits.request_alignment_source = BI_SRC_DRIVER;
+    n->limits.max_transfer = 0;
+}
+
+static uint64_t qcow2_write_granularity(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
+    return s->cluster_size;
+}
+
+static int qcow2_co_flush(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
+    if (s->read_only)
+        return 0;
+    bi_co_mutex_lock(&s->lock);
+    int ret = qc_flush_metadata(n);
+    bi_co_mutex_unlock(&s->lock);
+    return ret;
+}
+
+static int64_t qcow2_get_allocated_file_size(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
+    int64_t a = bi_allocated_file_size(n->file);
+    if (a >= 0 && s->data_file) {
+        int64_t b = bi_allocated_file_size(s->data_file);
+        if (b < 0)
+            return b;
+        a += b;
+    }
+    return a;
+}
+
+static void kv_str(struct bi_image_info *info, const char *jk, const char *hk,
+                   const char *v)
+{
+    if (info->n_specific >= (int)BI_ARRAY_SIZE(info->specific))
+        return;
+    struct bi_kv *kv = &info->specific[info->n_specific++];
+    memset(kv, 0, sizeof(*kv));
+    snprintf(kv->json_key, sizeof(kv->json_key), "%s", jk);
+    snprintf(kv->human_key, sizeof(kv->human_key), "%s", hk);
+    kv->type = BI_KV_STR;
+    snprintf(kv->str, sizeof(kv->str), "%s", v);
+}
+
+static void kv_num(struct bi_image_info *info, const char *jk, const char *hk,
+                   enum bi_kv_type t, int64_t v)
+{
+    if (info->n_specific >= (int)BI_ARRAY_SIZE(info->specific))
+        return;
+    struct bi_kv *kv = &info->specific[info->n_specific++];
+    memset(kv, 0, sizeof(*kv));
+    snprintf(kv->json_key, sizeof(kv->json_key), "%s", jk);
+    snprintf(kv->human_key, sizeof(kv->human_key), "%s", hk);
+    kv->type = t;
+    kv->num = v;
+}
+
+static int qcow2_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    info->cluster_size = s->cluster_size;
+    info->encrypted = s->crypt_method != 0;
+    info->has_dirty_flag = true;
+    info->dirty_flag = (s->incompat & QCOW2_INCOMPAT_DIRTY) != 0;
+    if (s->backing_file)
+        snprintf(info->backing_filename, sizeof(info->backing_filename), "%s",
+                 s->backing_file);
+    if (s->backing_format)
+        snprintf(info->backing_format, sizeof(info->backing_format), "%s",
+                 s->backing_format);
+
+    kv_str(info, "compat", "compat", s->version == 2 ? "0.10" : "1.1");
+    kv_str(info, "compression-type", "compression type",
+           s->compression_type == QCOW2_COMPRESSION_ZSTD ? "zstd" : "zlib");
+    if (s->version >= 3)
+        kv_num(info, "lazy-refcounts", "lazy refcounts", BI_KV_BOOL,
+               (s->compat & QCOW2_COMPAT_LAZY_REFCOUNTS) != 0);
+    kv_num(info, "refcount-bits", "refcount bits", BI_KV_INT, s->refcount_bits);
+    if (s->version >= 3) {
+        if (s->data_file_name || qc_has_data_file(s)) {
+            if (s->data_file_name)
+                kv_str(info, "data-file", "data file", s->data_file_name);
+            kv_num(info, "data-file-raw", "data file raw", BI_KV_BOOL,
+                   s->data_file_raw);
+        }
+        kv_num(info, "corrupt", "corrupt", BI_KV_BOOL,
+               (s->incompat & QCOW2_INCOMPAT_CORRUPT) != 0);
+        kv_num(info, "extended-l2", "extended l2", BI_KV_BOOL, s->ext_l2);
+    }
+
+    if (s->nb_snapshots) {
+        info->snapshots = calloc(s->nb_snapshots, sizeof(*info->snapshots));
+        if (!info->snapshots)
+            return -ENOMEM;
+        info->n_snapshots = (int)s->nb_snapshots;
+        for (uint32_t i = 0; i < s->nb_snapshots; i++) {
+            struct bi_snapshot_info *si = &info->snapshots[i];
+            const struct qcow2_snapshot *sn = &s->snapshots[i];
+            snprintf(si->id, sizeof(si->id), "%s", sn->id_str);
+            snprintf(si->name, sizeof(si->name), "%s", sn->name);
+            si->vm_state_size = sn->vm_state_size;
+            si->date_sec = sn->date_sec;
+            si->date_nsec = sn->date_nsec;
+            si->vm_clock_nsec = sn->vm_clock_nsec;
+            si->icount = sn->has_icount ? sn->icount : UINT64_MAX;
+        }
+    }
+    return 0;
+}
+
+const struct bi_driver bi_drv_qcow2 = {
+    .name = "qcow2",
+    .is_protocol = false,
+    .state_size = sizeof(qcow2_state),
+    .probe = qcow2_probe,
+    .open = qcow2_open,
+    .close = qcow2_close,
+    .create = qcow2_create,
+    .refresh_limits = qcow2_refresh_limits,
+    .co_map = qcow2_co_map,
+    .co_write_done = qcow2_co_write_done,
+    .co_read_compressed = qcow2_co_read_compressed,
+    .co_pwrite_compressed = qcow2_co_pwrite_compressed,
+    .write_granularity = qcow2_write_granularity,
+    .co_pwrite_zeroes = qcow2_co_pwrite_zeroes,
+    .co_pdiscard = qcow2_co_pdiscard,
+    .co_flush = qcow2_co_flush,
+    .co_truncate = qcow2_co_truncate,
+    .co_block_status = qcow2_co_block_status,
+    .get_allocated_file_size = qcow2_get_allocated_file_size,
+    .get_info = qcow2_get_info,
+    .check = qcow2_check_image,
+};

@@ -1,0 +1,54 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * libblkimg: image consistency check (qemu-img check) and qcow2 internal
+ * snapshots (qemu-img snapshot).
+ */
+#ifndef BLKIMG_QCOW2_H
+#define BLKIMG_QCOW2_H
+
+#include "blkimg/blkimg.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* What `check` found, with qemu-img's fields and meaning. */
+struct bi_check_result {
+    int corruptions;
+    int leaks;
+    int check_errors;
+    int corruptions_fixed;
+    int leaks_fixed;
+    int64_t image_end_offset; /* 0 if unknown */
+    /* qemu's BlockFragInfo: guest clusters */
+    uint64_t total_clusters;
+    uint64_t allocated_clusters;
+    uint64_t fragmented_clusters;
+    uint64_t compressed_clusters;
+    bool has_frag_info; /* the fields above are valid */
+};
+
+enum bi_check_fix {
+    BI_CHECK_FIX_LEAKS = 1 << 0,
+    BI_CHECK_FIX_ERRORS = 1 << 1,
+    BI_CHECK_FIX_ALL = BI_CHECK_FIX_LEAKS | BI_CHECK_FIX_ERRORS,
+};
+
+/* Checks (and with fix, repairs) the image of node, which must have been
+ * opened read-write to fix. Messages about individual problems go to
+ * stderr in qemu-img's words. Returns 0 when the check ran (whatever it
+ * found; see result), -ENOTSUP if the format has no check, or another
+ * negative errno if the check itself failed (err set). */
+BI_EXPORT int bi_check(bi_node *node, int fix, struct bi_check_result *result,
+                       bi_error *err);
+
+/* Internal snapshots (qcow2). */
+struct bi_snapshot_info; /* blkimg.h */
+/* Lists the snapshots: *out is malloc'd (free() it), *count entries. */
+BI_EXPORT int bi_snapshot_list(bi_node *node, struct bi_snapshot_info **out,
+                               int *count, bi_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

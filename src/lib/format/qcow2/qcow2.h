@@ -1,0 +1,353 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * qcow2 format driver: internal state shared by the driver's files.
+ *
+ * Files: qcow2.c (header, open, close, info, driver table), qcow2_map.c
+ * (cluster mapping, block status, allocating writes, zeroes, discard),
+ * qcow2_refcount.c (refcounts and cluster allocation), qcow2_cache.c
+ * (metadata table cache), qcow2_compress.c (zlib/zstd clusters),
+ * qcow2_create.c (image creation), qcow2_snapshot.c (snapshot table),
+ * qcow2_check.c (consistency check and repair).
+ *
+ * Locking: every request runs in a coroutine of one thread. s->lock (a
+ * coroutine mutex) is held while metadata is looked up or changed; data
+ * I/O done by the generic layer runs without it.
+ *
+ * Metadata write ordering (crash consistency, leaks allowed):
+ *   data + COW  ->  refcount blocks  ->  flush  ->  L2 tables  ->  L1
+ * and clusters that lose a reference are freed only after the L2 tables
+ * that dropped the reference are on disk (deferred frees, applied in
+ * co_flush).
+ */
+#ifndef BI_QCOW2_H
+#define BI_QCOW2_H
+
+#include "block/block.h"
+#include "util/coroutine.h"
+#include <stdbool.h>
+#include <stdint.h>
+
+#define QCOW2_MAGIC 0x514649fbU /* "QFI\xfb" */
+
+#define QCOW2_MIN_CLUSTER_BITS 9
+#define QCOW2_MAX_CLUSTER_BITS 21
+#define QCOW2_MAX_L1_BYTES (32u * 1024 * 1024)
+#define QCOW2_MAX_REFTABLE_BYTES (8u * 1024 * 1024)
+#define QCOW2_MAX_SNAPSHOTS 65536
+#define QCOW2_MAX_BACKING_NAME 1023
+#define QCOW2_MAX_SNAPSHOT_EXTRA 1024
+
+/* Header extension types */
+#define QCOW2_EXT_END 0x00000000U
+#define QCOW2_EXT_BACKING_FORMAT 0xe2792acaU
+#define QCOW2_EXT_FEATURE_TABLE 0x6803f857U
+#define QCOW2_EXT_BITMAPS 0x23852875U
+#define QCOW2_EXT_CRYPTO 0x0537be77U
+#define QCOW2_EXT_DATA_FILE 0x44415441U
+
+/* Feature bits */
+#define QCOW2_INCOMPAT_DIRTY (1ULL << 0)
+#define QCOW2_INCOMPAT_CORRUPT (1ULL << 1)
+#define QCOW2_INCOMPAT_DATA_FILE (1ULL << 2)
+#define QCOW2_INCOMPAT_COMPRESSION (1ULL << 3)
+#define QCOW2_INCOMPAT_EXTL2 (1ULL << 4)
+#define QCOW2_INCOMPAT_KNOWN 0x1fULL
+#define QCOW2_COMPAT_LAZY_REFCOUNTS (1ULL << 0)
+#define QCOW2_AUTOCLEAR_BITMAPS (1ULL << 0)
+#define QCOW2_AUTOCLEAR_DATA_FILE_RAW (1ULL << 1)
+#define QCOW2_AUTOCLEAR_KNOWN 0x3ULL
+
+/* Header field offsets (big endian on disk) */
+#define QH_MAGIC 0
+#define QH_VERSION 4
+#define QH_BACKING_OFFSET 8
+#define QH_BACKING_SIZE 16
+#define QH_CLUSTER_BITS 20
+#define QH_SIZE 24
+#define QH_CRYPT 32
+#define QH_L1_SIZE 36
+#define QH_L1_OFFSET 40
+#define QH_RT_OFFSET 48
+#define QH_RT_CLUSTERS 56
+#define QH_NB_SNAPSHOTS 60
+#define QH_SNAPSHOTS_OFFSET 64
+#define QH_INCOMPAT 72
+#define QH_COMPAT 80
+#define QH_AUTOCLEAR 88
+#define QH_REFCOUNT_ORDER 96
+#define QH_HEADER_LENGTH 100
+#define QH_COMPRESSION_TYPE 104
+#define QH_V2_LENGTH 72
+#define QH_V3_MIN_LENGTH 104
+#define QH_V3_LENGTH 112 /* with compression_type, padded */
+
+/* Table entries */
+#define L1E_OFFSET_MASK 0x00fffffffffffe00ULL
+#define L1E_RESERVED_MASK 0x7f000000000001ffULL
+#define L2E_OFFSET_MASK 0x00fffffffffffe00ULL
+#define RTE_OFFSET_MASK 0xfffffffffffffe00ULL
+#define QCOW_OFLAG_COPIED (1ULL << 63)
+#define QCOW_OFLAG_COMPRESSED (1ULL << 62)
+#define QCOW_OFLAG_ZERO (1ULL << 0)
+
+#define QCOW2_COMPRESSION_ZLIB 0
+#define QCOW2_COMPRESSION_ZSTD 1
+
+/* What a (sub)cluster is, as QEMU classifies it. */
+enum qcow2_sc_type {
+    QC_UNALLOC_PLAIN, /* no host cluster; backing / zeroes */
+    QC_UNALLOC_ALLOC, /* ext L2: host cluster present, subcluster not */
+    QC_ZERO_PLAIN,    /* reads zeroes, no host offset */
+    QC_ZERO_ALLOC,    /* reads zeroes, host cluster preallocated */
+    QC_NORMAL,        /* data at host offset */
+    QC_COMPRESSED,
+    QC_INVALID,
+};
+
+/* A cached metadata table (one cluster). */
+struct qcow2_cache_entry {
+    uint64_t offset; /* host offset of the table, 0 = free slot */
+    void *table;
+    uint64_t lru;
+    int ref;
+    bool dirty;
+    bool loading;
+    int hnext; /* hash chain by offset */
+    int pnext; /* hash chain by table pointer */
+};
+
+struct qcow2_cache {
+    const char *name; /* "L2" / "refcount" */
+    int n;
+    struct qcow2_cache_entry *e;
+    int *buckets;  /* by offset */
+    int *pbuckets; /* by table pointer */
+    int nbuckets;
+    uint64_t clock;
+    bi_co_queue waiters; /* waiting for a slot or a load */
+};
+
+struct qcow2_feature_name {
+    uint8_t type, bit;
+    char name[47];
+};
+
+struct qcow2_snapshot {
+    uint64_t l1_table_offset;
+    uint32_t l1_size;
+    char *id_str;
+    char *name;
+    uint32_t date_sec, date_nsec;
+    uint64_t vm_clock_nsec;
+    uint64_t vm_state_size;
+    uint64_t disk_size;
+    bool has_icount;
+    uint64_t icount;
+    uint32_t extra_data_size;
+    uint8_t *unknown_extra; /* extra data beyond what we know */
+    uint32_t unknown_extra_len;
+};
+
+/* A range of host clusters whose reference is dropped once the L2 tables
+ * that no longer point to them are on disk. */
+struct qcow2_free_range {
+    uint64_t offset;
+    uint64_t len; /* bytes (compressed clusters: sector granular) */
+};
+
+typedef struct qcow2_state {
+    bi_node *node;
+    uint32_t version;
+    uint32_t cluster_bits;
+    uint64_t cluster_size;
+    uint32_t subcluster_bits;
+    uint64_t subcluster_size;
+    uint32_t sc_per_cluster; /* 1 or 32 */
+    bool ext_l2;
+    uint32_t l2_entry_size; /* bytes: 8 or 16 */
+    uint32_t l2_bits;       /* log2 entries per L2 table */
+    uint64_t l2_entries;
+
+    uint64_t l1_table_offset;
+    uint32_t l1_size;
+    uint64_t *l1_table; /* host endian, l1_alloc entries */
+    uint32_t l1_alloc;
+
+    uint64_t refcount_table_offset;
+    uint32_t refcount_table_clusters;
+    uint64_t *refcount_table;     /* host endian */
+    uint64_t refcount_table_size; /* entries */
+    uint32_t refcount_order;
+    uint32_t refcount_bits;
+    uint64_t refcount_max;
+    uint32_t rb_bits; /* log2 refcount entries per block */
+
+    uint64_t incompat, compat, autoclear;
+    uint32_t header_length;
+    uint32_t compression_type;
+    uint32_t crypt_method;
+    uint64_t csize_shift, csize_mask, cluster_offset_mask;
+
+    uint32_t nb_snapshots;
+    uint64_t snapshots_offset;
+    uint64_t snapshots_size; /* bytes of the table on disk */
+    struct qcow2_snapshot *snapshots;
+
+    char *backing_file;
+    char *backing_format;
+    char *data_file_name;
+    bi_node *data_file; /* NULL: data lives in n->file */
+    bool data_file_raw;
+    bool has_bitmaps;
+
+    struct qcow2_feature_name *features;
+    int n_features;
+
+    struct qcow2_cache l2_cache;
+    struct qcow2_cache rb_cache;
+    bi_co_mutex lock;
+
+    uint64_t free_cluster_index; /* hint: no free cluster below */
+    uint64_t free_byte_offset;   /* compressed packing, 0 = none */
+    struct qcow2_free_range *pending_free;
+    int n_pending_free, pending_free_alloc;
+    bool rb_written_unflushed; /* refcount blocks written, no flush yet */
+
+    bool corrupt;
+    bool read_only;
+    bool metadata_prealloc_checked;
+    bool metadata_prealloc;
+    uint64_t file_size; /* host file size at open, updated on growth */
+} qcow2_state;
+
+/* ---- helpers ---- */
+static inline uint64_t qc_offset_into_cluster(const qcow2_state *s,
+                                              uint64_t off)
+{
+    return off & (s->cluster_size - 1);
+}
+static inline uint64_t qc_start_of_cluster(const qcow2_state *s, uint64_t off)
+{
+    return off & ~(s->cluster_size - 1);
+}
+static inline uint64_t qc_size_to_clusters(const qcow2_state *s, uint64_t n)
+{
+    return (n + s->cluster_size - 1) >> s->cluster_bits;
+}
+static inline bi_node *qc_data_node(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
+    return s->data_file ? s->data_file : n->file;
+}
+static inline bool qc_has_data_file(const qcow2_state *s)
+{
+    return (s->incompat & QCOW2_INCOMPAT_DATA_FILE) != 0;
+}
+
+/* Reads an L2 entry (and, with extended L2, its bitmap) from a table. */
+void qc_get_l2(const qcow2_state *s, const void *table, uint64_t idx,
+               uint64_t *entry, uint64_t *bitmap);
+void qc_set_l2(const qcow2_state *s, void *table, uint64_t idx, uint64_t entry,
+               uint64_t bitmap);
+/* Classifies subcluster sc of an L2 entry. */
+enum qcow2_sc_type qc_sc_type(const qcow2_state *s, uint64_t entry,
+                              uint64_t bitmap, unsigned sc);
+
+/* Marks the image corrupt (header bit) and fails with -EIO. */
+int qc_signal_corruption(bi_node *n, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Writes bytes of the header (host endian values converted). */
+int qc_write_header_field(bi_node *n, uint64_t off, const void *be_bytes,
+                          size_t len);
+int qc_update_incompat(bi_node *n, uint64_t incompat);
+
+/* ---- cache (qcow2_cache.c) ---- */
+int qc_cache_init(struct qcow2_cache *c, const char *name, int entries);
+void qc_cache_destroy(struct qcow2_cache *c);
+/* Gets the table at offset (reads it unless fresh: then zero-filled). */
+int qc_cache_get(bi_node *n, struct qcow2_cache *c, uint64_t offset, bool fresh,
+                 void **table);
+void qc_cache_put(struct qcow2_cache *c, void *table);
+void qc_cache_mark_dirty(struct qcow2_cache *c, void *table);
+/* Writes back dirty entries (L2: refcounts first). */
+int qc_cache_writeback(bi_node *n, struct qcow2_cache *c);
+/* Drops a table from the cache without writing it (freed cluster). */
+void qc_cache_discard(struct qcow2_cache *c, uint64_t offset);
+bool qc_cache_has_dirty(const struct qcow2_cache *c);
+
+/* ---- refcounts (qcow2_refcount.c) ---- */
+int qc_refcount_init(bi_node *n);
+int qc_get_refcount(bi_node *n, uint64_t cluster_index, uint64_t *rc);
+/* Adds delta to the refcount of every cluster in [offset, offset+len). */
+int qc_update_refcount(bi_node *n, uint64_t offset, uint64_t len,
+                       int64_t delta);
+/* Allocates nb contiguous clusters (refcount 1); returns host offset. */
+int64_t qc_alloc_clusters(bi_node *n, uint64_t nb);
+/* Allocates up to nb clusters at exactly offset (those free); returns the
+ * count allocated (0 if the first is in use). */
+int64_t qc_alloc_clusters_at(bi_node *n, uint64_t offset, uint64_t nb);
+/* Allocates size bytes for compressed data (packing), returns offset. */
+int64_t qc_alloc_bytes(bi_node *n, uint64_t size);
+/* Queues a reference drop to apply after the next L2 writeback. */
+void qc_defer_free(bi_node *n, uint64_t offset, uint64_t len);
+void qc_free_l2_entry_clusters(bi_node *n, uint64_t entry);
+int qc_apply_pending_frees(bi_node *n);
+/* Flushes everything in the right order (refcounts, L2, frees). */
+int qc_flush_metadata(bi_node *n);
+/* Checks that [offset, offset+len) on n->file overlaps no metadata; on
+ * overlap marks the image corrupt and returns -EIO. ign: metadata kinds
+ * to ignore (bit mask of QC_OL_*). */
+enum {
+    QC_OL_HEADER = 1 << 0,
+    QC_OL_L1 = 1 << 1,
+    QC_OL_L2 = 1 << 2,
+    QC_OL_REFTABLE = 1 << 3,
+    QC_OL_REFBLOCK = 1 << 4,
+    QC_OL_SNAPTABLE = 1 << 5,
+    QC_OL_SNAP_L1 = 1 << 6,
+};
+int qc_check_overlap(bi_node *n, int ign, uint64_t offset, uint64_t len);
+/* Size of the host file in clusters as known. */
+uint64_t qc_host_clusters(bi_node *n);
+
+/* ---- mapping (qcow2_map.c) ---- */
+int qc_get_l2_table(bi_node *n, uint64_t guest_off, bool alloc, void **table,
+                    uint64_t *l2_index);
+int qc_write_l1_entry(bi_node *n, uint32_t idx);
+
+/* ---- compression (qcow2_compress.c) ---- */
+int qc_decompress(int type, const void *src, size_t slen, void *dst,
+                  size_t dlen);
+/* Returns the compressed size, or -ENOSPC if it does not fit in dlen. */
+long qc_compress(int type, const void *src, size_t slen, void *dst,
+                 size_t dlen);
+/* Reads and decompresses the cluster of L2 entry into buf (cluster size) */
+int qc_read_compressed_cluster(bi_node *n, uint64_t entry, void *buf);
+
+/* ---- snapshots (qcow2_snapshot.c) ---- */
+int qc_read_snapshots(bi_node *n, bi_error *err);
+void qc_free_snapshots(qcow2_state *s);
+
+/* ---- create (qcow2_create.c) ---- */
+int qcow2_create(const char *filename, const struct bi_create_opts *o,
+                 bi_error *err);
+
+/* ---- driver ops defined in qcow2_map.c ---- */
+int qcow2_co_map(bi_node *n, uint64_t off, uint64_t len, unsigned flags,
+                 struct bi_extent *ext);
+int qcow2_co_write_done(bi_node *n, struct bi_extent *ext, int ret);
+int qcow2_co_read_compressed(bi_node *n, const struct bi_extent *ext,
+                             uint64_t off, uint64_t len,
+                             const struct iovec *iov, int iovcnt);
+int qcow2_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
+                               uint64_t len);
+int qcow2_co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags);
+int qcow2_co_pdiscard(bi_node *n, uint64_t off, uint64_t len);
+int qcow2_co_block_status(bi_node *n, uint64_t off, uint64_t len,
+                          struct bi_status *st);
+int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
+                      enum bi_prealloc prealloc, bi_error *err);
+int qcow2_check_image(bi_node *n, struct bi_check_result *res, int fix,
+                      bi_error *err);
+
+#endif

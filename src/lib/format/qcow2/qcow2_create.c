@@ -1,0 +1,629 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * qcow2 image creation. Layout, as QEMU's for the common case:
+ *   cluster 0 header | refcount table | refcount blocks | L1 table
+ * and with preallocation: every L2 table, then every data cluster as one
+ * contiguous run (metadata: sparse; falloc/full through the file driver).
+ */
+#include "qcow2.h"
+#include "util/util.h"
+#include <endian.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct qc_create {
+    uint64_t size;
+    int version;
+    uint64_t cluster_size;
+    int cluster_bits;
+    int refcount_order;
+    bool lazy;
+    bool ext_l2;
+    int compression;
+    const char *backing_file;
+    const char *backing_fmt;
+    const char *data_file;
+    bool data_file_raw;
+    enum bi_prealloc prealloc;
+};
+
+static int cerr(bi_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int cerr(bi_error *err, int code, const char *fmt, ...)
+{
+    char buf[900];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    bi_error_set(err, 0, "%s", buf);
+    if (err && !err->code)
+        err->code = code;
+    return code;
+}
+
+static int parse_bool(const char *key, const char *v, bool *out, bi_error *err)
+{
+    if (!v || !strcmp(v, "on")) {
+        *out = true;
+        return 0;
+    }
+    if (!strcmp(v, "off")) {
+        *out = false;
+        return 0;
+    }
+    return cerr(err, -EINVAL, "Parameter '%s' expects 'on' or 'off'", key);
+}
+
+static int parse_opts(const struct bi_create_opts *o, struct qc_create *c,
+                      bi_error *err)
+{
+    struct bi_optlist l = {0, NULL};
+    int ret = 0;
+    bool have_refcount_bits = false;
+    uint64_t refcount_bits = 16;
+    memset(c, 0, sizeof(*c));
+    c->version = 3;
+    c->cluster_size = 65536;
+    c->size = o->size;
+    c->prealloc = o->prealloc;
+    c->backing_file = o->backing_file;
+    c->backing_fmt = o->backing_fmt;
+    for (const char *const *p = o->options; p && *p; p++) {
+        ret = bi_optlist_parse(&l, *p);
+        if (ret < 0) {
+            cerr(err, -EINVAL, "Invalid option list: %s", *p);
+            goto out;
+        }
+    }
+    for (int i = 0; i < l.n; i++) {
+        const char *k = l.v[i].key, *v = l.v[i].value;
+        if (!strcmp(k, "size")) {
+            if (!v || bi_parse_size(v, &c->size) < 0) {
+                ret = cerr(err, -EINVAL,
+                           "Parameter 'size' expects a "
+                           "non-negative number below 2^64");
+                goto out;
+            }
+        } else if (!strcmp(k, "compat")) {
+            if (v && (!strcmp(v, "0.10") || !strcmp(v, "v2")))
+                c->version = 2;
+            else if (v && (!strcmp(v, "1.1") || !strcmp(v, "v3")))
+                c->version = 3;
+            else {
+                ret = cerr(err, -EINVAL,
+                           "Parameter 'version' does not accept value '%s'",
+                           v ? v : "");
+                goto out;
+            }
+        } else if (!strcmp(k, "backing_file")) {
+            c->backing_file = v;
+        } else if (!strcmp(k, "backing_fmt")) {
+            c->backing_fmt = v;
+        } else if (!strcmp(k, "cluster_size")) {
+            uint64_t cs;
+            if (!v || bi_parse_size(v, &cs) < 0 || !bi_is_pow2(cs) ||
+                cs < 512 || cs > (2u << 20)) {
+                ret = cerr(err, -EINVAL,
+                           "Cluster size must be a power of "
+                           "two between 512 and 2048k");
+                goto out;
+            }
+            c->cluster_size = cs;
+        } else if (!strcmp(k, "preallocation")) {
+            if (!v || bi_prealloc_parse(v, &c->prealloc) < 0) {
+                ret = cerr(err, -EINVAL,
+                           "Parameter 'preallocation' does not "
+                           "accept value '%s'",
+                           v ? v : "");
+                goto out;
+            }
+        } else if (!strcmp(k, "lazy_refcounts")) {
+            ret = parse_bool("lazy_refcounts", v, &c->lazy, err);
+            if (ret < 0)
+                goto out;
+        } else if (!strcmp(k, "refcount_bits")) {
+            char *e;
+            unsigned long long b = v ? strtoull(v, &e, 10) : 0;
+            if (!v || *e || !b || b > 64 || !bi_is_pow2(b)) {
+                ret = cerr(err, -EINVAL,
+                           "Refcount width must be a power of "
+                           "two and may not exceed 64 bits");
+                goto out;
+            }
+            refcount_bits = b;
+            have_refcount_bits = true;
+        } else if (!strcmp(k, "extended_l2")) {
+            ret = parse_bool("extended_l2", v, &c->ext_l2, err);
+            if (ret < 0)
+                goto out;
+        } else if (!strcmp(k, "compression_type")) {
+            if (v && !strcmp(v, "zlib"))
+                c->compression = QCOW2_COMPRESSION_ZLIB;
+            else if (v && !strcmp(v, "zstd"))
+                c->compression = QCOW2_COMPRESSION_ZSTD;
+            else {
+                ret = cerr(err, -EINVAL,
+                           "Parameter 'compression-type' does "
+                           "not accept value '%s'",
+                           v ? v : "");
+                goto out;
+            }
+        } else if (!strcmp(k, "data_file")) {
+            c->data_file = v;
+        } else if (!strcmp(k, "data_file_raw")) {
+            ret = parse_bool("data_file_raw", v, &c->data_file_raw, err);
+            if (ret < 0)
+                goto out;
+        } else if (!strcmp(k, "encryption") || !strncmp(k, "encrypt.", 8)) {
+            ret =
+                cerr(err, -ENOTSUP, "Encrypted qcow2 images are not supported");
+            goto out;
+        } else {
+            ret = cerr(err, -EINVAL, "Invalid parameter '%s'", k);
+            goto out;
+        }
+    }
+    /* option strings live in l; keep the ones we point to */
+    if (c->backing_file && c->backing_file != o->backing_file)
+        c->backing_file = bi_xstrdup(c->backing_file);
+    if (c->backing_fmt && c->backing_fmt != o->backing_fmt)
+        c->backing_fmt = bi_xstrdup(c->backing_fmt);
+    if (c->data_file)
+        c->data_file = bi_xstrdup(c->data_file);
+
+    c->cluster_bits = __builtin_ctzll(c->cluster_size);
+    c->refcount_order = __builtin_ctzll(refcount_bits);
+    const char *v3hint = "(use version=v3 or greater)";
+    if (c->version == 2) {
+        if (have_refcount_bits && refcount_bits != 16) {
+            ret = cerr(err, -EINVAL,
+                       "Different refcount widths than 16 bits require "
+                       "compatibility level 1.1 or above %s",
+                       v3hint);
+            goto out;
+        }
+        if (c->lazy) {
+            ret = cerr(err, -EINVAL,
+                       "Lazy refcounts only supported with compatibility "
+                       "level 1.1 and above %s",
+                       v3hint);
+            goto out;
+        }
+        if (c->ext_l2) {
+            ret = cerr(err, -EINVAL,
+                       "Extended L2 entries are only supported with "
+                       "compatibility level 1.1 and above %s",
+                       v3hint);
+            goto out;
+        }
+        if (c->compression != QCOW2_COMPRESSION_ZLIB) {
+            ret = cerr(err, -EINVAL,
+                       "Non-zlib compression type is only supported with "
+                       "compatibility level 1.1 and above %s",
+                       v3hint);
+            goto out;
+        }
+        if (c->data_file) {
+            ret = cerr(err, -EINVAL,
+                       "External data files are only supported with "
+                       "compatibility level 1.1 and above %s",
+                       v3hint);
+            goto out;
+        }
+    }
+    if (c->ext_l2 && c->cluster_size < 16384) {
+        ret = cerr(err, -EINVAL,
+                   "Extended L2 entries are only supported "
+                   "with cluster sizes of at least 16384 "
+                   "bytes");
+        goto out;
+    }
+    if (c->data_file_raw && !c->data_file) {
+        ret = cerr(err, -EINVAL, "data-file-raw requires data-file");
+        goto out;
+    }
+    if (c->data_file_raw && c->backing_file) {
+        ret = cerr(err, -EINVAL,
+                   "Backing file and data-file-raw cannot be "
+                   "used at the same time");
+        goto out;
+    }
+    if (c->backing_file && c->prealloc != BI_PREALLOC_OFF && !c->ext_l2) {
+        ret = cerr(err, -EINVAL,
+                   "Backing file and preallocation can only "
+                   "be used at the same time if extended_l2 "
+                   "is on");
+        goto out;
+    }
+    if (c->backing_file && !c->backing_fmt) {
+        ret =
+            cerr(err, -EINVAL, "Backing file specified without backing format");
+        goto out;
+    }
+    if (c->backing_file && strlen(c->backing_file) > QCOW2_MAX_BACKING_NAME) {
+        ret = cerr(err, -EINVAL, "Backing file name too long");
+        goto out;
+    }
+out:
+    if (ret < 0) {
+        /* nothing points into the freed option list */
+        c->backing_file = o->backing_file;
+        c->backing_fmt = o->backing_fmt;
+        c->data_file = NULL;
+    }
+    bi_optlist_free(&l);
+    return ret;
+}
+
+static void put64(uint8_t *p, uint64_t v)
+{
+    v = htobe64(v);
+    memcpy(p, &v, 8);
+}
+static void put32(uint8_t *p, uint32_t v)
+{
+    v = htobe32(v);
+    memcpy(p, &v, 4);
+}
+
+static size_t add_ext(uint8_t *buf, size_t pos, uint32_t type, const void *data,
+                      uint32_t len)
+{
+    put32(buf + pos, type);
+    put32(buf + pos + 4, len);
+    memcpy(buf + pos + 8, data, len);
+    return pos + 8 + bi_align_up(len, 8);
+}
+
+static const struct {
+    uint8_t type, bit;
+    const char *name;
+} feature_names[] = {
+    {0, 0, "dirty bit"},
+    {0, 1, "corrupt bit"},
+    {0, 2, "external data file"},
+    {0, 3, "compression type"},
+    {0, 4, "extended L2 entries"},
+    {1, 0, "lazy refcounts"},
+    {2, 0, "bitmaps"},
+    {2, 1, "raw external data"},
+};
+
+/* Builds the header cluster; returns 0 or -errno. */
+static int build_header(const struct qc_create *c, uint8_t *buf,
+                        uint64_t l1_off, uint32_t l1_size, uint64_t rt_off,
+                        uint32_t rt_clusters, const char *data_file_name,
+                        bi_error *err)
+{
+    uint64_t cs = c->cluster_size;
+    memset(buf, 0, cs);
+    put32(buf + QH_MAGIC, QCOW2_MAGIC);
+    put32(buf + QH_VERSION, (uint32_t)c->version);
+    put32(buf + QH_CLUSTER_BITS, (uint32_t)c->cluster_bits);
+    put64(buf + QH_SIZE, c->size);
+    put32(buf + QH_L1_SIZE, l1_size);
+    put64(buf + QH_L1_OFFSET, l1_off);
+    put64(buf + QH_RT_OFFSET, rt_off);
+    put32(buf + QH_RT_CLUSTERS, rt_clusters);
+    size_t hlen = QH_V2_LENGTH;
+    if (c->version >= 3) {
+        uint64_t incompat = 0, compat = 0, autoclear = 0;
+        if (c->data_file)
+            incompat |= QCOW2_INCOMPAT_DATA_FILE;
+        if (c->compression != QCOW2_COMPRESSION_ZLIB)
+            incompat |= QCOW2_INCOMPAT_COMPRESSION;
+        if (c->ext_l2)
+            incompat |= QCOW2_INCOMPAT_EXTL2;
+        if (c->lazy)
+            compat |= QCOW2_COMPAT_LAZY_REFCOUNTS;
+        if (c->data_file_raw)
+            autoclear |= QCOW2_AUTOCLEAR_DATA_FILE_RAW;
+        put64(buf + QH_INCOMPAT, incompat);
+        put64(buf + QH_COMPAT, compat);
+        put64(buf + QH_AUTOCLEAR, autoclear);
+        put32(buf + QH_REFCOUNT_ORDER, (uint32_t)c->refcount_order);
+        put32(buf + QH_HEADER_LENGTH, QH_V3_LENGTH);
+        buf[QH_COMPRESSION_TYPE] = (uint8_t)c->compression;
+        hlen = QH_V3_LENGTH;
+    }
+    size_t blen = c->backing_file ? strlen(c->backing_file) : 0;
+    size_t need = hlen;
+    if (c->backing_fmt && c->backing_file)
+        need += 8 + bi_align_up(strlen(c->backing_fmt), 8);
+    if (data_file_name)
+        need += 8 + bi_align_up(strlen(data_file_name), 8);
+    need += 8 + blen; /* end marker, backing name */
+    if (need > cs)
+        return cerr(err, -ENOSPC,
+                    "Header extensions do not fit in the "
+                    "first cluster");
+    size_t pos = hlen;
+    if (c->backing_fmt && c->backing_file)
+        pos = add_ext(buf, pos, QCOW2_EXT_BACKING_FORMAT, c->backing_fmt,
+                      (uint32_t)strlen(c->backing_fmt));
+    if (data_file_name)
+        pos = add_ext(buf, pos, QCOW2_EXT_DATA_FILE, data_file_name,
+                      (uint32_t)strlen(data_file_name));
+    size_t ft = BI_ARRAY_SIZE(feature_names) * 48;
+    if (c->version >= 3 && need + 8 + ft <= cs) {
+        uint8_t tbl[BI_ARRAY_SIZE(feature_names) * 48];
+        memset(tbl, 0, sizeof(tbl));
+        for (size_t i = 0; i < BI_ARRAY_SIZE(feature_names); i++) {
+            tbl[i * 48] = feature_names[i].type;
+            tbl[i * 48 + 1] = feature_names[i].bit;
+            memcpy(tbl + i * 48 + 2, feature_names[i].name,
+                   strlen(feature_names[i].name));
+        }
+        pos = add_ext(buf, pos, QCOW2_EXT_FEATURE_TABLE, tbl, (uint32_t)ft);
+    }
+    pos += 8; /* end of extensions */
+    if (c->backing_file) {
+        put64(buf + QH_BACKING_OFFSET, pos);
+        put32(buf + QH_BACKING_SIZE, (uint32_t)blen);
+        memcpy(buf + pos, c->backing_file, blen);
+    }
+    return 0;
+}
+
+static void refblock_set(int order, uint8_t *p, uint64_t i, uint64_t v)
+{
+    switch (order) {
+    case 0:
+    case 1:
+    case 2: {
+        uint64_t bit = i << order;
+        unsigned w = 1u << order;
+        unsigned mask = ((1u << w) - 1) << (bit % 8);
+        p[bit / 8] = (uint8_t)((p[bit / 8] & ~mask) |
+                               (((unsigned)v << (bit % 8)) & mask));
+        break;
+    }
+    case 3:
+        p[i] = (uint8_t)v;
+        break;
+    case 4: {
+        uint16_t x = htobe16((uint16_t)v);
+        memcpy(p + i * 2, &x, 2);
+        break;
+    }
+    case 5:
+        put32(p + i * 4, (uint32_t)v);
+        break;
+    default:
+        put64(p + i * 8, v);
+        break;
+    }
+}
+
+static char *dir_join(const char *base, const char *name)
+{
+    if (name[0] == '/')
+        return bi_xstrdup(name);
+    const char *sl = strrchr(base, '/');
+    if (!sl)
+        return bi_xstrdup(name);
+    return bi_xasprintf("%.*s/%s", (int)(sl - base), base, name);
+}
+
+static int write_image(const char *filename, const struct qc_create *c,
+                       bi_error *err)
+{
+    uint64_t cs = c->cluster_size;
+    int cb = c->cluster_bits;
+    uint64_t l2_entries = cs / (c->ext_l2 ? 16 : 8);
+    uint64_t guest_clusters = (c->size + cs - 1) / cs;
+    uint64_t l1_size = (guest_clusters + l2_entries - 1) / l2_entries;
+    uint64_t l1_clusters = (l1_size * 8 + cs - 1) / cs;
+    bool prealloc = c->prealloc != BI_PREALLOC_OFF;
+    uint64_t n_l2 = prealloc ? l1_size : 0;
+    uint64_t n_data = (prealloc && !c->data_file) ? guest_clusters : 0;
+    uint64_t rb_entries = cs * 8 >> c->refcount_order;
+    uint64_t t = 1, r = 1;
+    int ret;
+
+    if (l1_size * 8 > QCOW2_MAX_L1_BYTES)
+        return cerr(err, -EFBIG,
+                    "Image size too large (L1 table would "
+                    "exceed 32 MiB)");
+    /* refcount table T clusters and R blocks covering everything */
+    for (;;) {
+        uint64_t total = 1 + t + r + l1_clusters + n_l2 + n_data;
+        uint64_t r2 = (total + rb_entries - 1) / rb_entries;
+        uint64_t t2 = (r2 * 8 + cs - 1) / cs;
+        if (r2 == r && t2 == t)
+            break;
+        r = BI_MAX(r, r2);
+        t = BI_MAX(t, t2);
+    }
+    if (t * cs > QCOW2_MAX_REFTABLE_BYTES)
+        return cerr(err, -EFBIG,
+                    "Image size too large for the refcount "
+                    "table");
+    uint64_t rt_off = cs;
+    uint64_t rb_off = (1 + t) * cs;
+    uint64_t l1_off = l1_size ? (1 + t + r) * cs : 0;
+    uint64_t l2_off = (1 + t + r + l1_clusters) * cs;
+    uint64_t data_off = l2_off + n_l2 * cs;
+    uint64_t meta_clusters = 1 + t + r + (l1_size ? l1_clusters : 0) + n_l2;
+    uint64_t total = meta_clusters + n_data;
+
+    struct bi_open_opts oo;
+    bi_open_opts_init(&oo);
+    oo.read_write = true;
+    oo.no_lock = false;
+    struct bi_create_opts fco;
+    memset(&fco, 0, sizeof(fco));
+    fco.format = "file";
+    fco.size = 0;
+    fco.size_set = true;
+    fco.quiet = true;
+    ret = bi_drv_file.create(filename, &fco, err);
+    if (ret < 0)
+        return ret;
+    bi_node *f = bi_open_protocol(filename, &oo, err);
+    if (!f)
+        return err && err->code ? err->code : -EIO;
+
+    uint8_t *buf = bi_blockalign(f, cs);
+    if (!buf) {
+        ret = -ENOMEM;
+        goto out;
+    }
+    ret = build_header(c, buf, l1_off, (uint32_t)l1_size, rt_off, (uint32_t)t,
+                       c->data_file, err);
+    if (ret < 0)
+        goto out;
+    ret = bi_pwrite(f, 0, buf, cs, 0);
+    if (ret < 0)
+        goto io_err;
+    /* refcount table */
+    for (uint64_t i = 0; i < t; i++) {
+        memset(buf, 0, cs);
+        for (uint64_t e = 0; e < cs / 8; e++) {
+            uint64_t bi = i * (cs / 8) + e;
+            if (bi < r)
+                put64(buf + e * 8, rb_off + bi * cs);
+        }
+        ret = bi_pwrite(f, rt_off + i * cs, buf, cs, 0);
+        if (ret < 0)
+            goto io_err;
+    }
+    /* refcount blocks: every cluster in [0, total) has refcount 1 */
+    for (uint64_t i = 0; i < r; i++) {
+        memset(buf, 0, cs);
+        for (uint64_t e = 0; e < rb_entries; e++) {
+            if (i * rb_entries + e >= total)
+                break;
+            refblock_set(c->refcount_order, buf, e, 1);
+        }
+        ret = bi_pwrite(f, rb_off + i * cs, buf, cs, 0);
+        if (ret < 0)
+            goto io_err;
+    }
+    /* L1 table */
+    for (uint64_t i = 0; i < (l1_size ? l1_clusters : 0); i++) {
+        memset(buf, 0, cs);
+        for (uint64_t e = 0; e < cs / 8 && prealloc; e++) {
+            uint64_t idx = i * (cs / 8) + e;
+            if (idx < l1_size)
+                put64(buf + e * 8, (l2_off + idx * cs) | QCOW_OFLAG_COPIED);
+        }
+        /* QEMU's file ends with the L1 entries, unpadded */
+        uint64_t len = cs;
+        if (!prealloc && i == l1_clusters - 1)
+            len = l1_size * 8 - i * cs;
+        ret = bi_pwrite(f, l1_off + i * cs, buf, len, 0);
+        if (ret < 0)
+            goto io_err;
+    }
+    /* L2 tables (preallocation) */
+    for (uint64_t i = 0; i < n_l2; i++) {
+        memset(buf, 0, cs);
+        for (uint64_t e = 0; e < l2_entries; e++) {
+            uint64_t g = i * l2_entries + e;
+            if (g >= guest_clusters)
+                break;
+            uint64_t host = c->data_file ? g * cs : data_off + g * cs;
+            put64(buf + e * (c->ext_l2 ? 16 : 8), host | QCOW_OFLAG_COPIED);
+            if (c->ext_l2)
+                put64(buf + e * 16 + 8, 0xffffffffULL);
+        }
+        ret = bi_pwrite(f, l2_off + i * cs, buf, cs, 0);
+        if (ret < 0)
+            goto io_err;
+    }
+    if (n_data) {
+        enum bi_prealloc pm =
+            c->prealloc == BI_PREALLOC_METADATA ? BI_PREALLOC_OFF : c->prealloc;
+        ret = bi_truncate(f, data_off + n_data * cs, false, pm, err);
+        if (ret < 0)
+            goto out;
+    }
+    ret = bi_flush(f);
+    if (ret < 0)
+        goto io_err;
+    BI_UNUSED(cb);
+    goto out;
+io_err:
+    cerr(err, ret, "Could not write qcow2 header: %s", strerror(-ret));
+out:
+    bi_free_aligned(buf);
+    bi_error e2;
+    bi_error_init(&e2);
+    bi_close(f, &e2);
+    return ret;
+}
+
+int qcow2_create(const char *filename, const struct bi_create_opts *o,
+                 bi_error *err)
+{
+    struct qc_create c;
+    int ret = parse_opts(o, &c, err);
+    if (ret < 0)
+        goto out;
+    if (!o->size_set && !c.size) {
+        bool size_opt = false;
+        for (const char *const *p = o->options; p && *p; p++)
+            if (strstr(*p, "size=") == *p || strstr(*p, ",size="))
+                size_opt = true;
+        if (!size_opt && c.backing_file) {
+            char *bpath = dir_join(filename, c.backing_file);
+            struct bi_open_opts bo;
+            bi_open_opts_init(&bo);
+            bo.format = c.backing_fmt;
+            bo.force_share = true;
+            bo.quiet_probe = true;
+            bi_node *b = bi_open(bpath, &bo, err);
+            free(bpath);
+            if (!b) {
+                ret = err && err->code ? err->code : -EIO;
+                goto out;
+            }
+            int64_t bs = bi_getlength(b);
+            bi_error e2;
+            bi_error_init(&e2);
+            bi_close(b, &e2);
+            if (bs < 0) {
+                ret = cerr(err, (int)bs,
+                           "Could not get the size of the "
+                           "backing file");
+                goto out;
+            }
+            c.size = (uint64_t)bs;
+        } else if (!size_opt) {
+            ret = cerr(err, -EINVAL, "Image creation needs a size parameter");
+            goto out;
+        }
+    }
+    if (c.size > INT64_MAX) {
+        ret = cerr(err, -EFBIG, "Image size too large");
+        goto out;
+    }
+    if (c.data_file) {
+        char *dpath = dir_join(filename, c.data_file);
+        struct bi_create_opts dco;
+        memset(&dco, 0, sizeof(dco));
+        dco.format = "file";
+        dco.size = c.size;
+        dco.size_set = true;
+        dco.prealloc =
+            c.prealloc == BI_PREALLOC_METADATA ? BI_PREALLOC_OFF : c.prealloc;
+        dco.quiet = true;
+        ret = bi_drv_file.create(dpath, &dco, err);
+        free(dpath);
+        if (ret < 0)
+            goto out;
+    }
+    ret = write_image(filename, &c, err);
+out:
+    if (c.backing_file && c.backing_file != o->backing_file)
+        free((char *)c.backing_file);
+    if (c.backing_fmt && c.backing_fmt != o->backing_fmt)
+        free((char *)c.backing_fmt);
+    free((char *)c.data_file);
+    return ret;
+}

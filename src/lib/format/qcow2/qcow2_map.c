@@ -1,0 +1,1339 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * qcow2 cluster mapping: guest ranges to extents (the longest run of one
+ * kind), block status, allocating writes (one contiguous host run per
+ * request where free space allows, COW head/tail handed to the generic
+ * layer), zero writes, discard and growth.
+ */
+#include "qcow2.h"
+#include "util/util.h"
+#include <endian.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Longest allocation run handed out by one co_map(BI_MAP_WRITE). */
+#define QC_MAX_ALLOC_BYTES (64ULL << 20)
+
+/* ------------------------------------------------------------ L2 tables */
+
+static int validate_l2_offset(bi_node *n, uint64_t l1_idx, uint64_t l2_off)
+{
+    qcow2_state *s = n->opaque;
+    if (l2_off & (s->cluster_size - 1))
+        return qc_signal_corruption(n,
+                                    "L2 table offset %#" PRIx64
+                                    " unaligned (L1 index: %#" PRIx64 ")",
+                                    l2_off, l1_idx);
+    if (l2_off < s->cluster_size)
+        return qc_signal_corruption(n,
+                                    "L2 table offset %#" PRIx64
+                                    " overlaps the header (L1 index: "
+                                    "%#" PRIx64 ")",
+                                    l2_off, l1_idx);
+    return 0;
+}
+
+/* Read-only lookup: *table is NULL when the L2 table is not allocated. */
+static int get_l2_ro(bi_node *n, uint64_t off, void **table, uint64_t *idx)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t l1_idx = off >> (s->l2_bits + s->cluster_bits);
+    *table = NULL;
+    *idx = (off >> s->cluster_bits) & (s->l2_entries - 1);
+    if (l1_idx >= s->l1_size)
+        return 0;
+    uint64_t l2_off = s->l1_table[l1_idx] & L1E_OFFSET_MASK;
+    if (!l2_off)
+        return 0;
+    int ret = validate_l2_offset(n, l1_idx, l2_off);
+    if (ret < 0)
+        return ret;
+    return qc_cache_get(n, &s->l2_cache, l2_off, false, table);
+}
+
+int qc_write_l1_entry(bi_node *n, uint32_t idx)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t off = s->l1_table_offset + (uint64_t)idx * 8;
+    uint64_t v = htobe64(s->l1_table[idx]);
+    int ret = qc_check_overlap(n, QC_OL_L1, off, 8);
+    if (ret < 0)
+        return ret;
+    return bi_co_pwrite(n->file, off, &v, 8, 0);
+}
+
+/* Writes one cached table now (L2: its refcount dependency first). */
+static int write_l2_now(bi_node *n, void *table, uint64_t off)
+{
+    qcow2_state *s = n->opaque;
+    qc_cache_mark_dirty(&s->l2_cache, table);
+    int ret = qc_cache_writeback(n, &s->l2_cache);
+    BI_UNUSED(off);
+    return ret;
+}
+
+/* Lookup for writing: allocates the L2 table or copies a shared one. */
+int qc_get_l2_table(bi_node *n, uint64_t off, bool alloc, void **table,
+                    uint64_t *idx)
+{
+    qcow2_state *s = n->opaque;
+    if (!alloc)
+        return get_l2_ro(n, off, table, idx);
+    uint64_t l1_idx = off >> (s->l2_bits + s->cluster_bits);
+    *table = NULL;
+    *idx = (off >> s->cluster_bits) & (s->l2_entries - 1);
+    if (l1_idx >= s->l1_size)
+        return -EIO;
+    uint64_t l1e = s->l1_table[l1_idx];
+    uint64_t old = l1e & L1E_OFFSET_MASK;
+    int ret;
+    if (old && (l1e & QCOW_OFLAG_COPIED)) {
+        ret = validate_l2_offset(n, l1_idx, old);
+        if (ret < 0)
+            return ret;
+        return qc_cache_get(n, &s->l2_cache, old, false, table);
+    }
+    if (old) {
+        ret = validate_l2_offset(n, l1_idx, old);
+        if (ret < 0)
+            return ret;
+    }
+    int64_t nl2 = qc_alloc_clusters(n, 1);
+    if (nl2 < 0)
+        return (int)nl2;
+    void *t;
+    ret = qc_cache_get(n, &s->l2_cache, (uint64_t)nl2, true, &t);
+    if (ret < 0)
+        goto fail_free;
+    if (old) {
+        /* copy-on-write of an L2 table shared with a snapshot: none of
+         * its clusters may be written in place any more */
+        void *ot;
+        ret = qc_cache_get(n, &s->l2_cache, old, false, &ot);
+        if (ret < 0) {
+            qc_cache_put(&s->l2_cache, t);
+            qc_cache_discard(&s->l2_cache, (uint64_t)nl2);
+            goto fail_free;
+        }
+        memcpy(t, ot, s->cluster_size);
+        qc_cache_put(&s->l2_cache, ot);
+        for (uint64_t i = 0; i < s->l2_entries; i++) {
+            uint64_t e, b;
+            qc_get_l2(s, t, i, &e, &b);
+            if (!qc_has_data_file(s) && (e & QCOW_OFLAG_COPIED))
+                qc_set_l2(s, t, i, e & ~QCOW_OFLAG_COPIED, b);
+        }
+    }
+    ret = write_l2_now(n, t, (uint64_t)nl2);
+    if (ret == 0)
+        ret = bi_co_flush(n->file);
+    if (ret < 0) {
+        qc_cache_put(&s->l2_cache, t);
+        qc_cache_discard(&s->l2_cache, (uint64_t)nl2);
+        goto fail_free;
+    }
+    s->l1_table[l1_idx] = (uint64_t)nl2 | QCOW_OFLAG_COPIED;
+    ret = qc_write_l1_entry(n, (uint32_t)l1_idx);
+    if (ret < 0) {
+        s->l1_table[l1_idx] = l1e;
+        qc_cache_put(&s->l2_cache, t);
+        qc_cache_discard(&s->l2_cache, (uint64_t)nl2);
+        goto fail_free;
+    }
+    if (old)
+        qc_defer_free(n, old, s->cluster_size);
+    *table = t;
+    return 0;
+fail_free:
+    qc_update_refcount(n, (uint64_t)nl2, s->cluster_size, -1);
+    return ret;
+}
+
+/* ------------------------------------------------------------- mapping */
+
+static uint64_t entry_host(const qcow2_state *s, uint64_t entry)
+{
+    return entry & L2E_OFFSET_MASK;
+}
+
+static unsigned sc_index(const qcow2_state *s, uint64_t off)
+{
+    return (unsigned)((off >> s->subcluster_bits) & (s->sc_per_cluster - 1));
+}
+
+static bool type_has_host(enum qcow2_sc_type t)
+{
+    return t == QC_NORMAL || t == QC_ZERO_ALLOC || t == QC_UNALLOC_ALLOC;
+}
+
+/* Coarse kinds for reads: zero and unallocated merge whatever the host. */
+static int coarse(enum qcow2_sc_type t)
+{
+    switch (t) {
+    case QC_ZERO_PLAIN:
+    case QC_ZERO_ALLOC:
+        return 1;
+    case QC_UNALLOC_PLAIN:
+    case QC_UNALLOC_ALLOC:
+        return 2;
+    case QC_NORMAL:
+        return 3;
+    default:
+        return 4;
+    }
+}
+
+struct qc_run {
+    enum qcow2_sc_type type;
+    uint64_t len;
+    uint64_t host;  /* host offset of the first byte (type_has_host) */
+    uint64_t entry; /* L2 entry of the first cluster */
+};
+
+static int check_entry(bi_node *n, uint64_t entry, uint64_t bitmap,
+                       enum qcow2_sc_type t, uint64_t l2_idx)
+{
+    qcow2_state *s = n->opaque;
+    if (t == QC_INVALID)
+        return qc_signal_corruption(
+            n,
+            "Invalid cluster entry found (L2 index: %#" PRIx64
+            ", L2 entry: %#" PRIx64 ", bitmap: %#" PRIx64 ")",
+            l2_idx, entry, bitmap);
+    if (type_has_host(t) && (entry_host(s, entry) & (s->cluster_size - 1)))
+        return qc_signal_corruption(n,
+                                    "Cluster allocation offset %#" PRIx64
+                                    " unaligned (L2 index: "
+                                    "%#" PRIx64 ")",
+                                    entry_host(s, entry), l2_idx);
+    if (t == QC_COMPRESSED && s->ext_l2 && bitmap)
+        return qc_signal_corruption(
+            n,
+            "Compressed cluster entry found with a non-zero subcluster "
+            "bitmap (L2 index: %#" PRIx64 ")",
+            l2_idx);
+    return 0;
+}
+
+/* The longest run from off (at most len bytes) of one type; with
+ * coarse_kinds, zero/unallocated variants merge. */
+static int map_run(bi_node *n, uint64_t off, uint64_t len, bool coarse_kinds,
+                   struct qc_run *r)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t end = off + len;
+    uint64_t pos = off;
+    void *table = NULL;
+    uint64_t table_l1 = UINT64_MAX;
+    int ret = 0;
+    bool first = true;
+
+    memset(r, 0, sizeof(*r));
+    while (pos < end) {
+        uint64_t l1_idx = pos >> (s->l2_bits + s->cluster_bits);
+        uint64_t idx;
+        if (l1_idx != table_l1) {
+            if (table)
+                qc_cache_put(&s->l2_cache, table);
+            table = NULL;
+            ret = get_l2_ro(n, pos, &table, &idx);
+            if (ret < 0)
+                return ret;
+            table_l1 = l1_idx;
+        }
+        idx = (pos >> s->cluster_bits) & (s->l2_entries - 1);
+        enum qcow2_sc_type t;
+        uint64_t entry = 0, bitmap = 0, unit_end;
+        if (!table) {
+            t = QC_UNALLOC_PLAIN;
+            uint64_t span = 1ULL << (s->l2_bits + s->cluster_bits);
+            unit_end = (pos | (span - 1)) + 1;
+            if (unit_end < pos) /* overflow at the very top */
+                unit_end = end;
+        } else {
+            qc_get_l2(s, table, idx, &entry, &bitmap);
+            t = qc_sc_type(s, entry, bitmap, sc_index(s, pos));
+            ret = check_entry(n, entry, bitmap, t, idx);
+            if (ret < 0)
+                goto out;
+            if (t == QC_COMPRESSED)
+                unit_end = qc_start_of_cluster(s, pos) + s->cluster_size;
+            else
+                unit_end = (pos | (s->subcluster_size - 1)) + 1;
+        }
+        uint64_t host = 0;
+        if (type_has_host(t))
+            host = entry_host(s, entry) + qc_offset_into_cluster(s, pos);
+        if (first) {
+            r->type = t;
+            r->host = host;
+            r->entry = entry;
+            first = false;
+        } else {
+            bool same =
+                coarse_kinds ? coarse(t) == coarse(r->type) : t == r->type;
+            if (!same || t == QC_COMPRESSED)
+                break;
+            bool need_host = coarse_kinds ? t == QC_NORMAL : type_has_host(t);
+            if (need_host && host != r->host + (pos - off))
+                break;
+        }
+        pos = BI_MIN(unit_end, end);
+        if (t == QC_COMPRESSED)
+            break;
+    }
+    r->len = pos - off;
+out:
+    if (table)
+        qc_cache_put(&s->l2_cache, table);
+    return ret;
+}
+
+static int map_read(bi_node *n, uint64_t off, uint64_t len,
+                    struct bi_extent *ext)
+{
+    qcow2_state *s = n->opaque;
+    struct qc_run r;
+    bi_co_mutex_lock(&s->lock);
+    int ret = map_run(n, off, len, true, &r);
+    bi_co_mutex_unlock(&s->lock);
+    if (ret < 0)
+        return ret;
+    ext->len = r.len;
+    switch (r.type) {
+    case QC_NORMAL:
+        ext->kind = BI_EXT_DATA;
+        ext->host = qc_data_node(n);
+        ext->host_offset = r.host;
+        break;
+    case QC_ZERO_PLAIN:
+    case QC_ZERO_ALLOC:
+        ext->kind = BI_EXT_ZERO;
+        break;
+    case QC_COMPRESSED:
+        ext->kind = BI_EXT_COMPRESSED;
+        ext->host_offset = r.entry; /* the L2 entry, for co_read_compressed */
+        break;
+    default:
+        ext->kind = BI_EXT_UNALLOC;
+        break;
+    }
+    return 0;
+}
+
+int qcow2_co_block_status(bi_node *n, uint64_t off, uint64_t len,
+                          struct bi_status *st)
+{
+    qcow2_state *s = n->opaque;
+    struct qc_run r;
+    memset(st, 0, sizeof(*st));
+    if (off >= n->size) {
+        st->flags = BI_BS_EOF;
+        return 0;
+    }
+    if (len > n->size - off)
+        len = n->size - off;
+    bi_co_mutex_lock(&s->lock);
+    int ret = map_run(n, off, len, false, &r);
+    bi_co_mutex_unlock(&s->lock);
+    if (ret < 0)
+        return ret;
+    st->len = r.len;
+    switch (r.type) {
+    case QC_NORMAL:
+        st->flags = BI_BS_DATA | BI_BS_ALLOCATED | BI_BS_OFFSET_VALID;
+        break;
+    case QC_ZERO_PLAIN:
+        st->flags = BI_BS_ZERO | BI_BS_ALLOCATED;
+        break;
+    case QC_ZERO_ALLOC:
+        st->flags = BI_BS_ZERO | BI_BS_ALLOCATED | BI_BS_OFFSET_VALID;
+        break;
+    case QC_UNALLOC_ALLOC:
+        st->flags = BI_BS_OFFSET_VALID;
+        break;
+    case QC_COMPRESSED:
+        st->flags = BI_BS_DATA | BI_BS_ALLOCATED | BI_BS_COMPRESSED;
+        break;
+    default:
+        st->flags = 0;
+        break;
+    }
+    if (st->flags & BI_BS_OFFSET_VALID) {
+        st->offset = r.host;
+        st->file = qc_data_node(n);
+    }
+    if (off + st->len >= n->size)
+        st->flags |= BI_BS_EOF;
+    return 0;
+}
+
+/* ------------------------------------------------------ compressed data */
+
+struct decomp_job {
+    int type;
+    const void *src;
+    size_t slen;
+    void *dst;
+    size_t dlen;
+};
+
+static int decomp_fn(void *arg)
+{
+    struct decomp_job *j = arg;
+    return qc_decompress(j->type, j->src, j->slen, j->dst, j->dlen);
+}
+
+int qc_read_compressed_cluster(bi_node *n, uint64_t entry, void *buf)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t coff = entry & s->cluster_offset_mask;
+    uint64_t nsec = ((entry >> s->csize_shift) & s->csize_mask) + 1;
+    uint64_t csize = nsec * 512 - (coff & 511);
+    void *cbuf = bi_blockalign(n->file, csize);
+    if (!cbuf)
+        return -ENOMEM;
+    int ret = bi_co_pread(n->file, coff, cbuf, csize);
+    if (ret == 0) {
+        struct decomp_job j = {(int)s->compression_type, cbuf, csize, buf,
+                               s->cluster_size};
+        ret = bi_run_in_thread(decomp_fn, &j);
+        if (ret < 0)
+            ret = -EIO;
+    }
+    bi_free_aligned(cbuf);
+    return ret;
+}
+
+int qcow2_co_read_compressed(bi_node *n, const struct bi_extent *ext,
+                             uint64_t off, uint64_t len,
+                             const struct iovec *iov, int iovcnt)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t in = qc_offset_into_cluster(s, off);
+    if (in + len > s->cluster_size)
+        return -EINVAL;
+    void *buf = bi_blockalign(n->file, s->cluster_size);
+    if (!buf)
+        return -ENOMEM;
+    int ret = qc_read_compressed_cluster(n, ext->host_offset, buf);
+    if (ret == 0)
+        bi_iov_from_buf(iov, iovcnt, 0, (uint8_t *)buf + in, len);
+    bi_free_aligned(buf);
+    return ret;
+}
+
+/* ----------------------------------------------------- copy on write */
+
+/* Fills buf with the current guest content of [goff, goff+len), which
+ * lies in one cluster described by entry/bitmap. */
+static int fill_cow(bi_node *n, uint64_t goff, uint64_t len, uint8_t *buf,
+                    uint64_t entry, uint64_t bitmap)
+{
+    qcow2_state *s = n->opaque;
+    uint8_t *cbuf = NULL;
+    int ret = 0;
+    uint64_t pos = goff;
+    while (pos < goff + len) {
+        uint64_t unit_end =
+            BI_MIN((pos | (s->subcluster_size - 1)) + 1, goff + len);
+        uint64_t chunk = unit_end - pos;
+        uint8_t *dst = buf + (pos - goff);
+        enum qcow2_sc_type t = qc_sc_type(s, entry, bitmap, sc_index(s, pos));
+        switch (t) {
+        case QC_NORMAL:
+            ret = bi_co_pread(qc_data_node(n),
+                              entry_host(s, entry) +
+                                  qc_offset_into_cluster(s, pos),
+                              dst, chunk);
+            break;
+        case QC_COMPRESSED:
+            if (!cbuf) {
+                cbuf = bi_blockalign(n->file, s->cluster_size);
+                if (!cbuf) {
+                    ret = -ENOMEM;
+                    break;
+                }
+                ret = qc_read_compressed_cluster(n, entry, cbuf);
+                if (ret < 0)
+                    break;
+            }
+            memcpy(dst, cbuf + qc_offset_into_cluster(s, pos), chunk);
+            break;
+        case QC_ZERO_PLAIN:
+        case QC_ZERO_ALLOC:
+            memset(dst, 0, chunk);
+            break;
+        case QC_UNALLOC_PLAIN:
+        case QC_UNALLOC_ALLOC:
+            memset(dst, 0, chunk);
+            if (n->backing) {
+                uint64_t bsize = n->backing->size;
+                if (pos < bsize) {
+                    uint64_t rl = BI_MIN(chunk, bsize - pos);
+                    ret = bi_co_pread(n->backing, pos, dst, rl);
+                }
+            }
+            break;
+        default:
+            ret = -EIO;
+            break;
+        }
+        if (ret < 0)
+            break;
+        pos = unit_end;
+    }
+    bi_free_aligned(cbuf);
+    return ret;
+}
+
+/* ------------------------------------------------------ allocating writes */
+
+struct qc_alloc {
+    uint64_t guest;  /* first cluster's guest offset */
+    uint64_t nb;     /* clusters */
+    uint64_t host;   /* host offset of the first cluster */
+    bool allocated;  /* host run newly allocated (refcount 1 each) */
+    uint64_t wstart; /* host range written (head..tail) */
+    uint64_t wend;
+    uint64_t *old_entry; /* nb entries */
+    uint64_t *old_bitmap;
+};
+
+/* Can the cluster be written in place for [a, b) (guest, inside it)? */
+static bool in_place(const qcow2_state *s, uint64_t entry, uint64_t bitmap,
+                     uint64_t a, uint64_t b)
+{
+    if (entry & QCOW_OFLAG_COMPRESSED)
+        return false;
+    if (!(entry & QCOW_OFLAG_COPIED))
+        return false;
+    if (!entry_host(s, entry) && !qc_has_data_file(s))
+        return false;
+    if (!s->ext_l2)
+        return !(entry & QCOW_OFLAG_ZERO);
+    unsigned first = sc_index(s, a), last = sc_index(s, b - 1);
+    for (unsigned i = first; i <= last; i++)
+        if (!((bitmap >> i) & 1))
+            return false;
+    return true;
+}
+
+/* The cluster holds data that a copy must keep (whole-cluster COW). */
+static bool has_old_data(const qcow2_state *s, uint64_t entry, uint64_t bitmap)
+{
+    if (entry & QCOW_OFLAG_COMPRESSED)
+        return true;
+    if (!entry_host(s, entry) &&
+        !(qc_has_data_file(s) && (entry & QCOW_OFLAG_COPIED)))
+        return false;
+    if (!s->ext_l2)
+        return !(entry & QCOW_OFLAG_ZERO);
+    return (uint32_t)bitmap != 0;
+}
+
+static void free_alloc(struct qc_alloc *a)
+{
+    if (!a)
+        return;
+    free(a->old_entry);
+    free(a->old_bitmap);
+    free(a);
+}
+
+static int map_write_locked(bi_node *n, uint64_t off, uint64_t len,
+                            struct bi_extent *ext)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t cs = s->cluster_size;
+    uint64_t end = off + len;
+    uint64_t c0 = qc_start_of_cluster(s, off);
+    void *table;
+    uint64_t idx, entry, bitmap;
+    int ret;
+
+    ret = qc_get_l2_table(n, off, true, &table, &idx);
+    if (ret < 0)
+        return ret;
+    qc_get_l2(s, table, idx, &entry, &bitmap);
+    enum qcow2_sc_type t0 = qc_sc_type(s, entry, bitmap, sc_index(s, off));
+    ret = check_entry(n, entry, bitmap, t0, idx);
+    if (ret < 0) {
+        qc_cache_put(&s->l2_cache, table);
+        return ret;
+    }
+
+    uint64_t cend = BI_MIN(end, c0 + cs);
+    if (in_place(s, entry, bitmap, off, cend)) {
+        /* overwrite: the longest host-contiguous run of such clusters */
+        uint64_t host0 = entry_host(s, entry) + (off - c0);
+        uint64_t pos = c0 + cs;
+        qc_cache_put(&s->l2_cache, table);
+        table = NULL;
+        uint64_t tl1 = UINT64_MAX;
+        while (pos < end && pos - off < QC_MAX_ALLOC_BYTES) {
+            uint64_t l1 = pos >> (s->l2_bits + s->cluster_bits);
+            if (l1 != tl1) {
+                if (table)
+                    qc_cache_put(&s->l2_cache, table);
+                table = NULL;
+                ret = get_l2_ro(n, pos, &table, &idx);
+                if (ret < 0)
+                    return ret;
+                tl1 = l1;
+                if (!table)
+                    break;
+            }
+            idx = (pos >> s->cluster_bits) & (s->l2_entries - 1);
+            qc_get_l2(s, table, idx, &entry, &bitmap);
+            if (!in_place(s, entry, bitmap, pos, BI_MIN(end, pos + cs)) ||
+                entry_host(s, entry) != host0 + (pos - off))
+                break;
+            pos += cs;
+        }
+        if (table)
+            qc_cache_put(&s->l2_cache, table);
+        ext->kind = BI_EXT_DATA;
+        ext->host = qc_data_node(n);
+        ext->host_offset = host0;
+        ext->len = BI_MIN(pos, end) - off;
+        if (!s->data_file)
+            return qc_check_overlap(n, 0, host0, ext->len);
+        return 0;
+    }
+
+    struct qc_alloc *a = calloc(1, sizeof(*a));
+    if (!a) {
+        qc_cache_put(&s->l2_cache, table);
+        return -ENOMEM;
+    }
+    a->guest = c0;
+
+    bool ext_partial = s->ext_l2 && (entry & QCOW_OFLAG_COPIED) &&
+                       !(entry & QCOW_OFLAG_COMPRESSED) &&
+                       (entry_host(s, entry) || qc_has_data_file(s));
+    uint64_t max_nb = QC_MAX_ALLOC_BYTES / cs;
+    if (max_nb == 0)
+        max_nb = 1;
+    uint64_t nb = 1;
+    if (!ext_partial) {
+        /* extend over following clusters that need allocation too */
+        uint64_t pos = c0 + cs;
+        void *t2 = table;
+        uint64_t tl1 = c0 >> (s->l2_bits + s->cluster_bits);
+        table = NULL;
+        while (pos < end && nb < max_nb) {
+            uint64_t l1 = pos >> (s->l2_bits + s->cluster_bits);
+            if (l1 != tl1) {
+                qc_cache_put(&s->l2_cache, t2);
+                t2 = NULL;
+                ret = qc_get_l2_table(n, pos, true, &t2, &idx);
+                if (ret < 0) {
+                    free_alloc(a);
+                    return ret;
+                }
+                tl1 = l1;
+            }
+            idx = (pos >> s->cluster_bits) & (s->l2_entries - 1);
+            uint64_t e2, b2;
+            qc_get_l2(s, t2, idx, &e2, &b2);
+            if (in_place(s, e2, b2, pos, BI_MIN(end, pos + cs)))
+                break;
+            if (s->ext_l2 && (e2 & QCOW_OFLAG_COPIED) &&
+                !(e2 & QCOW_OFLAG_COMPRESSED) &&
+                (entry_host(s, e2) || qc_has_data_file(s)))
+                break; /* needs an in-place bitmap update: own extent */
+            nb++;
+            pos += cs;
+        }
+        if (t2)
+            qc_cache_put(&s->l2_cache, t2);
+    } else {
+        qc_cache_put(&s->l2_cache, table);
+    }
+    a->nb = nb;
+    a->old_entry = calloc(nb, 8);
+    a->old_bitmap = calloc(nb, 8);
+    if (!a->old_entry || !a->old_bitmap) {
+        free_alloc(a);
+        return -ENOMEM;
+    }
+    for (uint64_t j = 0; j < nb; j++) {
+        void *tt;
+        ret = get_l2_ro(n, c0 + j * cs, &tt, &idx);
+        if (ret < 0) {
+            free_alloc(a);
+            return ret;
+        }
+        if (tt) {
+            qc_get_l2(s, tt, idx, &a->old_entry[j], &a->old_bitmap[j]);
+            qc_cache_put(&s->l2_cache, tt);
+            enum qcow2_sc_type tj =
+                qc_sc_type(s, a->old_entry[j], a->old_bitmap[j], 0);
+            if (tj == QC_INVALID) {
+                ret =
+                    check_entry(n, a->old_entry[j], a->old_bitmap[j], tj, idx);
+                free_alloc(a);
+                return ret;
+            }
+        }
+    }
+
+    /* host run */
+    if (ext_partial) {
+        a->host = qc_has_data_file(s) ? c0 : entry_host(s, entry);
+        a->allocated = false;
+    } else if (qc_has_data_file(s)) {
+        a->host = c0; /* guest offset == data file offset */
+        a->allocated = false;
+    } else {
+        int64_t h = qc_alloc_clusters(n, nb);
+        if (h < 0) {
+            free_alloc(a);
+            return (int)h;
+        }
+        a->host = (uint64_t)h;
+        a->allocated = true;
+    }
+
+    /* copy-on-write head and tail */
+    uint64_t wend = BI_MIN(end, c0 + nb * cs);
+    uint64_t unit = s->ext_l2 ? s->subcluster_size : cs;
+    uint64_t head_start, tail_end;
+    uint64_t last_c = c0 + (nb - 1) * cs;
+    bool raw = s->data_file_raw;
+    if (ext_partial) {
+        /* only subclusters not yet allocated need filling */
+        head_start = bi_align_down(off, unit);
+        if ((a->old_bitmap[0] >> sc_index(s, off)) & 1)
+            head_start = off;
+        tail_end = bi_align_up(wend, unit);
+        if (tail_end > c0 + cs)
+            tail_end = c0 + cs;
+        if (wend < tail_end && ((a->old_bitmap[0] >> sc_index(s, wend)) & 1))
+            tail_end = wend;
+    } else {
+        head_start = has_old_data(s, a->old_entry[0], a->old_bitmap[0])
+                         ? c0
+                         : bi_align_down(off, unit);
+        tail_end = has_old_data(s, a->old_entry[nb - 1], a->old_bitmap[nb - 1])
+                       ? last_c + cs
+                       : bi_align_up(wend, unit);
+        if (wend < end)
+            tail_end = wend; /* the request goes on past the run */
+    }
+    if (raw) {
+        head_start = off;
+        tail_end = wend;
+    }
+    ext->kind = BI_EXT_DATA;
+    ext->host = qc_data_node(n);
+    ext->host_offset = a->host + (off - c0);
+    ext->len = wend - off;
+    ext->cow_head_len = off - head_start;
+    ext->cow_tail_len = tail_end - wend;
+    a->wstart = a->host + (head_start - c0);
+    a->wend = a->host + (tail_end - c0);
+    if (!s->data_file) {
+        ret = qc_check_overlap(n, 0, a->wstart, a->wend - a->wstart);
+        if (ret < 0)
+            goto fail;
+    }
+    if (ext->cow_head_len) {
+        ext->cow_head = bi_blockalign(ext->host, ext->cow_head_len);
+        if (!ext->cow_head) {
+            ret = -ENOMEM;
+            goto fail;
+        }
+        ret = fill_cow(n, head_start, ext->cow_head_len, ext->cow_head,
+                       a->old_entry[0], a->old_bitmap[0]);
+        if (ret < 0)
+            goto fail;
+    }
+    if (ext->cow_tail_len) {
+        ext->cow_tail = bi_blockalign(ext->host, ext->cow_tail_len);
+        if (!ext->cow_tail) {
+            ret = -ENOMEM;
+            goto fail;
+        }
+        ret = fill_cow(n, wend, ext->cow_tail_len, ext->cow_tail,
+                       a->old_entry[nb - 1], a->old_bitmap[nb - 1]);
+        if (ret < 0)
+            goto fail;
+    }
+    ext->cookie = a;
+    return 0;
+fail:
+    bi_free_aligned(ext->cow_head);
+    bi_free_aligned(ext->cow_tail);
+    ext->cow_head = ext->cow_tail = NULL;
+    if (a->allocated)
+        qc_update_refcount(n, a->host, nb * cs, -1);
+    free_alloc(a);
+    return ret;
+}
+
+int qcow2_co_map(bi_node *n, uint64_t off, uint64_t len, unsigned flags,
+                 struct bi_extent *ext)
+{
+    qcow2_state *s = n->opaque;
+    memset(ext, 0, sizeof(*ext));
+    if (len == 0)
+        return -EINVAL;
+    if (!(flags & BI_MAP_WRITE))
+        return map_read(n, off, len, ext);
+    if (s->read_only)
+        return -EROFS;
+    if (s->corrupt)
+        return -EIO;
+    bi_co_mutex_lock(&s->lock);
+    int ret = map_write_locked(n, off, len, ext);
+    bi_co_mutex_unlock(&s->lock);
+    return ret;
+}
+
+static uint32_t touched_mask(const qcow2_state *s, uint64_t cstart, uint64_t a,
+                             uint64_t b)
+{
+    /* subclusters of the cluster at cstart overlapping [a, b) */
+    uint64_t lo = BI_MAX(a, cstart), hi = BI_MIN(b, cstart + s->cluster_size);
+    if (lo >= hi)
+        return 0;
+    unsigned f = sc_index(s, lo), l = sc_index(s, hi - 1);
+    uint32_t m = 0;
+    for (unsigned i = f; i <= l; i++)
+        m |= 1u << i;
+    return m;
+}
+
+int qcow2_co_write_done(bi_node *n, struct bi_extent *ext, int ret)
+{
+    qcow2_state *s = n->opaque;
+    struct qc_alloc *a = ext->cookie;
+    bi_free_aligned(ext->cow_head);
+    bi_free_aligned(ext->cow_tail);
+    ext->cow_head = ext->cow_tail = NULL;
+    ext->cookie = NULL;
+    if (!a)
+        return ret;
+    uint64_t cs = s->cluster_size;
+    bi_co_mutex_lock(&s->lock);
+    if (ret < 0) {
+        if (a->allocated)
+            qc_update_refcount(n, a->host, a->nb * cs, -1);
+        goto out;
+    }
+    /* guest range actually written, for subcluster bitmaps */
+    uint64_t gstart = a->guest + (a->wstart - a->host);
+    uint64_t gend = a->guest + (a->wend - a->host);
+    for (uint64_t j = 0; j < a->nb; j++) {
+        uint64_t g = a->guest + j * cs;
+        void *table;
+        uint64_t idx;
+        ret = qc_get_l2_table(n, g, true, &table, &idx);
+        if (ret < 0)
+            goto out;
+        uint64_t cur, curb;
+        qc_get_l2(s, table, idx, &cur, &curb);
+        uint64_t ne = (a->host + j * cs) | QCOW_OFLAG_COPIED;
+        if (qc_has_data_file(s))
+            ne = g | QCOW_OFLAG_COPIED;
+        uint64_t nbm = 0;
+        if (s->ext_l2) {
+            uint32_t m = touched_mask(s, g, gstart, gend);
+            uint32_t alloc = (uint32_t)curb, zero = (uint32_t)(curb >> 32);
+            if (a->allocated && !(cur & QCOW_OFLAG_COMPRESSED) &&
+                entry_host(s, cur) && !(cur & QCOW_OFLAG_COPIED)) {
+                /* COW of a shared cluster: whole cluster was copied */
+                m |= alloc;
+            } else if (cur & QCOW_OFLAG_COMPRESSED) {
+                m = 0xffffffffu;
+                alloc = zero = 0;
+            }
+            alloc |= m;
+            zero &= ~m;
+            nbm = (uint64_t)alloc | ((uint64_t)zero << 32);
+        }
+        qc_set_l2(s, table, idx, ne, nbm);
+        qc_cache_mark_dirty(&s->l2_cache, table);
+        qc_cache_put(&s->l2_cache, table);
+        /* the old host cluster loses this reference */
+        if (cur != ne || a->allocated) {
+            if ((cur & QCOW_OFLAG_COMPRESSED) ||
+                (entry_host(s, cur) && entry_host(s, cur) != entry_host(s, ne)))
+                qc_free_l2_entry_clusters(n, cur);
+        }
+    }
+    if (n->cache == BI_CACHE_WRITETHROUGH || n->cache == BI_CACHE_DIRECTSYNC)
+        ret = qc_flush_metadata(n);
+    else
+        ret = 0;
+out:
+    bi_co_mutex_unlock(&s->lock);
+    free_alloc(a);
+    return ret;
+}
+
+/* An allocating write done by the driver itself (zero fallback, v2 zero
+ * writes, uncompressible clusters): map, write head+data+tail, commit. */
+static int qc_write_buf(bi_node *n, uint64_t off, const void *buf, uint64_t len)
+{
+    while (len) {
+        struct bi_extent ext;
+        int ret = qcow2_co_map(n, off, len, BI_MAP_WRITE, &ext);
+        if (ret < 0)
+            return ret;
+        struct iovec iov[3];
+        int cnt = 0;
+        if (ext.cow_head_len)
+            iov[cnt++] = (struct iovec){ext.cow_head, ext.cow_head_len};
+        iov[cnt++] = (struct iovec){(void *)buf, ext.len};
+        if (ext.cow_tail_len)
+            iov[cnt++] = (struct iovec){ext.cow_tail, ext.cow_tail_len};
+        uint64_t total = ext.cow_head_len + ext.len + ext.cow_tail_len;
+        ret = bi_co_pwritev(ext.host, ext.host_offset - ext.cow_head_len, total,
+                            iov, cnt, 0);
+        ret = qcow2_co_write_done(n, &ext, ret);
+        if (ret < 0)
+            return ret;
+        off += ext.len;
+        buf = (const uint8_t *)buf + ext.len;
+        len -= ext.len;
+    }
+    return 0;
+}
+
+static int write_zero_buf(bi_node *n, uint64_t off, uint64_t len)
+{
+    uint64_t chunk = BI_MIN(len, 1ULL << 20);
+    void *z = bi_blockalign(n->file, chunk);
+    if (!z)
+        return -ENOMEM;
+    memset(z, 0, chunk);
+    int ret = 0;
+    while (len && ret == 0) {
+        uint64_t l = BI_MIN(len, chunk);
+        ret = qc_write_buf(n, off, z, l);
+        off += l;
+        len -= l;
+    }
+    bi_free_aligned(z);
+    return ret;
+}
+
+/* Sets [off, off+len) (subcluster aligned, within one cluster run) to
+ * zero or unallocated in the L2 tables. */
+static int zero_units_locked(bi_node *n, uint64_t off, uint64_t len, bool unmap,
+                             bool discard)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t cs = s->cluster_size;
+    uint64_t pos = off, end = off + len;
+    int ret = 0;
+    while (pos < end) {
+        uint64_t c = qc_start_of_cluster(s, pos);
+        uint64_t cend = BI_MIN(end, c + cs);
+        void *table;
+        uint64_t idx;
+        if (discard) {
+            ret = get_l2_ro(n, pos, &table, &idx);
+            if (ret < 0)
+                return ret;
+            if (!table) {
+                /* nothing allocated: v3 discard still records zeroes
+                 * only when a backing file could show through */
+                if (!(s->version >= 3 && n->backing)) {
+                    uint64_t span = 1ULL << (s->l2_bits + s->cluster_bits);
+                    pos = BI_MIN(end, (pos | (span - 1)) + 1);
+                    continue;
+                }
+                ret = qc_get_l2_table(n, pos, true, &table, &idx);
+                if (ret < 0)
+                    return ret;
+            } else {
+                qc_cache_put(&s->l2_cache, table);
+                ret = qc_get_l2_table(n, pos, true, &table, &idx);
+                if (ret < 0)
+                    return ret;
+            }
+        } else {
+            ret = qc_get_l2_table(n, pos, true, &table, &idx);
+            if (ret < 0)
+                return ret;
+        }
+        uint64_t e, b;
+        qc_get_l2(s, table, idx, &e, &b);
+        uint64_t ne = e, nb = b;
+        bool full = pos == c && cend == c + cs;
+        bool host_ok = (e & QCOW_OFLAG_COPIED) &&
+                       !(e & QCOW_OFLAG_COMPRESSED) &&
+                       (entry_host(s, e) || qc_has_data_file(s));
+        bool drop = false;
+        if (!s->ext_l2) {
+            if (discard) {
+                bool allocated = (e & QCOW_OFLAG_COMPRESSED) ||
+                                 entry_host(s, e) || (e & QCOW_OFLAG_ZERO);
+                if (allocated || n->backing) {
+                    ne = s->version >= 3 ? QCOW_OFLAG_ZERO : 0;
+                    drop = true;
+                }
+            } else if (host_ok && !unmap) {
+                ne = e | QCOW_OFLAG_ZERO; /* keep the preallocation */
+            } else {
+                ne = QCOW_OFLAG_ZERO;
+                drop = true;
+            }
+        } else {
+            uint32_t m = touched_mask(s, c, pos, cend);
+            uint32_t alloc = (uint32_t)b, zero = (uint32_t)(b >> 32);
+            if (e & QCOW_OFLAG_COMPRESSED) {
+                if (full) {
+                    ne = 0;
+                    alloc = 0;
+                    zero = 0xffffffffu;
+                    drop = true;
+                } else {
+                    qc_cache_put(&s->l2_cache, table);
+                    return -ENOTSUP; /* caller writes explicit zeroes */
+                }
+            } else if (full && (unmap || discard || !host_ok)) {
+                ne = 0;
+                alloc = 0;
+                zero = 0xffffffffu;
+                drop = entry_host(s, e) || qc_has_data_file(s);
+            } else if (!host_ok && entry_host(s, e)) {
+                /* shared cluster, partial: keep it, explicit zeroes */
+                qc_cache_put(&s->l2_cache, table);
+                return -ENOTSUP;
+            } else {
+                alloc &= ~m;
+                zero |= m;
+            }
+            nb = (uint64_t)alloc | ((uint64_t)zero << 32);
+        }
+        if (ne != e || nb != b) {
+            qc_set_l2(s, table, idx, ne, nb);
+            qc_cache_mark_dirty(&s->l2_cache, table);
+            if (drop && !qc_has_data_file(s) &&
+                ((e & QCOW_OFLAG_COMPRESSED) || entry_host(s, e)))
+                qc_free_l2_entry_clusters(n, e);
+        }
+        qc_cache_put(&s->l2_cache, table);
+        pos = cend;
+    }
+    return 0;
+}
+
+int qcow2_co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags)
+{
+    qcow2_state *s = n->opaque;
+    if (s->read_only)
+        return -EROFS;
+    if (s->corrupt)
+        return -EIO;
+    if (off >= n->size)
+        return 0;
+    if (len > n->size - off)
+        len = n->size - off;
+    uint64_t unit = s->ext_l2 ? s->subcluster_size : s->cluster_size;
+    uint64_t a = bi_align_up(off, unit);
+    uint64_t b = bi_align_down(off + len, unit);
+    /* the last partial cluster at the end of the image counts as whole */
+    if (off + len == n->size)
+        b = bi_align_up(off + len, unit);
+    int ret = 0;
+    if (s->version < 3 || a >= b) {
+        if (flags & BI_REQ_NO_FALLBACK)
+            return -ENOTSUP;
+        return write_zero_buf(n, off, len);
+    }
+    if (a > off) {
+        ret = write_zero_buf(n, off, a - off);
+        if (ret < 0)
+            return ret;
+    }
+    if (s->data_file_raw) {
+        uint64_t dl = BI_MIN(b, n->size) - a;
+        ret = bi_co_pwrite_zeroes(s->data_file, a, dl, flags);
+        if (ret < 0)
+            return ret;
+    }
+    bi_co_mutex_lock(&s->lock);
+    ret =
+        zero_units_locked(n, a, b - a, (flags & BI_REQ_MAY_UNMAP) != 0, false);
+    if (ret == 0 &&
+        (n->cache == BI_CACHE_WRITETHROUGH || n->cache == BI_CACHE_DIRECTSYNC))
+        ret = qc_flush_metadata(n);
+    bi_co_mutex_unlock(&s->lock);
+    if (ret == -ENOTSUP)
+        ret = write_zero_buf(n, a, BI_MIN(b, n->size) - a);
+    if (ret < 0)
+        return ret;
+    if (off + len > b && b < n->size)
+        ret = write_zero_buf(n, b, off + len - b);
+    return ret;
+}
+
+int qcow2_co_pdiscard(bi_node *n, uint64_t off, uint64_t len)
+{
+    qcow2_state *s = n->opaque;
+    if (s->read_only)
+        return -EROFS;
+    if (s->corrupt)
+        return -EIO;
+    if (off >= n->size)
+        return 0;
+    if (len > n->size - off)
+        len = n->size - off;
+    uint64_t a = bi_align_up(off, s->cluster_size);
+    uint64_t b = bi_align_down(off + len, s->cluster_size);
+    if (off + len == n->size)
+        b = bi_align_up(off + len, s->cluster_size);
+    if (a >= b)
+        return 0; /* partial clusters are not discarded, as in QEMU */
+    bi_co_mutex_lock(&s->lock);
+    int ret = zero_units_locked(n, a, b - a, true, true);
+    if (ret == -ENOTSUP)
+        ret = 0;
+    bi_co_mutex_unlock(&s->lock);
+    return ret;
+}
+
+/* ------------------------------------------------------- compressed write */
+
+struct comp_job {
+    int type;
+    const void *src;
+    size_t slen;
+    void *dst;
+    size_t dlen;
+    long out;
+};
+
+static int comp_fn(void *arg)
+{
+    struct comp_job *j = arg;
+    j->out = qc_compress(j->type, j->src, j->slen, j->dst, j->dlen);
+    return j->out < 0 ? (int)j->out : 0;
+}
+
+int qcow2_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
+                               uint64_t len)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t cs = s->cluster_size;
+    int ret;
+    if (s->read_only)
+        return -EROFS;
+    if (qc_has_data_file(s))
+        return -ENOTSUP;
+    if (off & (cs - 1))
+        return -EINVAL;
+    if (len == 0)
+        return 0;
+    if (len > cs || (len < cs && off + len != n->size))
+        return -EINVAL;
+    uint8_t *src = bi_blockalign(n->file, cs);
+    uint8_t *dst = bi_blockalign(n->file, cs);
+    if (!src || !dst) {
+        bi_free_aligned(src);
+        bi_free_aligned(dst);
+        return -ENOMEM;
+    }
+    memset(src, 0, cs);
+    memcpy(src, buf, len);
+    struct comp_job j = {(int)s->compression_type, src, cs, dst, cs - 1, 0};
+    ret = bi_run_in_thread(comp_fn, &j);
+    if (ret == -ENOSPC) {
+        /* does not compress: store the cluster as ordinary data */
+        ret = qc_write_buf(n, off, src, BI_MIN(cs, n->size - off));
+        goto out;
+    }
+    if (ret < 0)
+        goto out;
+    uint64_t csize = (uint64_t)j.out;
+
+    bi_co_mutex_lock(&s->lock);
+    int64_t host = qc_alloc_bytes(n, csize);
+    if (host < 0) {
+        ret = (int)host;
+        bi_co_mutex_unlock(&s->lock);
+        goto out;
+    }
+    ret = qc_check_overlap(n, 0, (uint64_t)host, csize);
+    bi_co_mutex_unlock(&s->lock);
+    if (ret == 0)
+        ret = bi_co_pwrite(n->file, (uint64_t)host, dst, csize, 0);
+    bi_co_mutex_lock(&s->lock);
+    uint64_t nsec = (((uint64_t)host + csize - 1) >> 9) - ((uint64_t)host >> 9);
+    if (ret < 0) {
+        qc_update_refcount(n, (uint64_t)host & ~511ULL, (nsec + 1) * 512, -1);
+        bi_co_mutex_unlock(&s->lock);
+        goto out;
+    }
+    void *table;
+    uint64_t idx;
+    ret = qc_get_l2_table(n, off, true, &table, &idx);
+    if (ret == 0) {
+        uint64_t e, b;
+        qc_get_l2(s, table, idx, &e, &b);
+        uint64_t ne =
+            (uint64_t)host | (nsec << s->csize_shift) | QCOW_OFLAG_COMPRESSED;
+        qc_set_l2(s, table, idx, ne, 0);
+        qc_cache_mark_dirty(&s->l2_cache, table);
+        qc_cache_put(&s->l2_cache, table);
+        if ((e & QCOW_OFLAG_COMPRESSED) || entry_host(s, e))
+            qc_free_l2_entry_clusters(n, e);
+    }
+    bi_co_mutex_unlock(&s->lock);
+out:
+    bi_free_aligned(src);
+    bi_free_aligned(dst);
+    return ret;
+}
+
+/* ------------------------------------------------------------- truncate */
+
+static int grow_l1_locked(bi_node *n, uint64_t min_size)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t cs = s->cluster_size;
+    if (min_size <= s->l1_size)
+        return 0;
+    if (min_size > QCOW2_MAX_L1_BYTES / 8)
+        return -EFBIG;
+    uint64_t new_size = min_size;
+    uint64_t bytes = bi_align_up(new_size * 8, cs);
+    uint64_t *nt = calloc(bytes / 8, 8);
+    if (!nt)
+        return -ENOMEM;
+    memcpy(nt, s->l1_table, (uint64_t)s->l1_size * 8);
+    int64_t off = qc_alloc_clusters(n, bytes / cs);
+    if (off < 0) {
+        free(nt);
+        return (int)off;
+    }
+    uint64_t *be = calloc(bytes / 8, 8);
+    if (!be) {
+        free(nt);
+        return -ENOMEM;
+    }
+    for (uint64_t i = 0; i < bytes / 8; i++)
+        be[i] = htobe64(nt[i]);
+    /* refcounts of the new table first, then the table, then the header */
+    int ret = qc_cache_writeback(n, &s->rb_cache);
+    if (ret == 0)
+        ret = qc_check_overlap(n, 0, (uint64_t)off, bytes);
+    if (ret == 0)
+        ret = bi_co_pwrite(n->file, (uint64_t)off, be, bytes, 0);
+    free(be);
+    if (ret == 0)
+        ret = bi_co_flush(n->file);
+    if (ret < 0) {
+        free(nt);
+        qc_update_refcount(n, (uint64_t)off, bytes, -1);
+        return ret;
+    }
+    uint8_t h[12];
+    uint32_t sz = htobe32((uint32_t)new_size);
+    uint64_t o = htobe64((uint64_t)off);
+    memcpy(h, &sz, 4);
+    memcpy(h + 4, &o, 8);
+    ret = qc_write_header_field(n, QH_L1_SIZE, h, 12);
+    if (ret < 0) {
+        free(nt);
+        qc_update_refcount(n, (uint64_t)off, bytes, -1);
+        return ret;
+    }
+    uint64_t old_off = s->l1_table_offset;
+    uint64_t old_bytes = bi_align_up((uint64_t)s->l1_size * 8, cs);
+    free(s->l1_table);
+    s->l1_table = nt;
+    s->l1_alloc = (uint32_t)(bytes / 8);
+    s->l1_size = (uint32_t)new_size;
+    s->l1_table_offset = (uint64_t)off;
+    if (old_off && old_bytes)
+        qc_update_refcount(n, old_off, old_bytes, -1);
+    return 0;
+}
+
+int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
+                      enum bi_prealloc prealloc, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    int ret;
+    if (s->read_only) {
+        bi_error_set(err, EROFS, "Cannot resize a read-only image");
+        return -EROFS;
+    }
+    if (prealloc != BI_PREALLOC_OFF) {
+        bi_error_set(err, 0,
+                     "Preallocation mode '%s' unsupported for "
+                     "qcow2 resize",
+                     bi_prealloc_name(prealloc));
+        if (err && !err->code)
+            err->code = -ENOTSUP;
+        return -ENOTSUP;
+    }
+    if (s->nb_snapshots && size != n->size) {
+        bi_error_set(err, 0, "Can't resize an image which has snapshots");
+        if (err && !err->code)
+            err->code = -ENOTSUP;
+        return -ENOTSUP;
+    }
+    if (size > INT64_MAX) {
+        bi_error_set(err, EFBIG, "Image size too large");
+        return -EFBIG;
+    }
+    bi_co_mutex_lock(&s->lock);
+    if (size < n->size) {
+        /* drop every cluster wholly past the new end */
+        uint64_t a = bi_align_up(size, s->cluster_size);
+        if (a < n->size) {
+            ret = zero_units_locked(
+                n, a, bi_align_up(n->size, s->cluster_size) - a, true, false);
+            if (ret < 0)
+                goto out;
+            /* zero flags past the end are meaningless: unallocate */
+            for (uint64_t pos = a; pos < n->size; pos += s->cluster_size) {
+                void *t;
+                uint64_t idx;
+                ret = get_l2_ro(n, pos, &t, &idx);
+                if (ret < 0)
+                    goto out;
+                if (t) {
+                    qc_set_l2(s, t, idx, 0, 0);
+                    qc_cache_mark_dirty(&s->l2_cache, t);
+                    qc_cache_put(&s->l2_cache, t);
+                }
+            }
+        }
+    } else {
+        uint64_t span = 1ULL << (s->l2_bits + s->cluster_bits);
+        uint64_t need = (size + span - 1) / span;
+        ret = grow_l1_locked(n, need);
+        if (ret < 0) {
+            bi_error_set(err, -ret, "Failed to grow the L1 table");
+            goto out;
+        }
+    }
+    ret = qc_flush_metadata(n);
+    if (ret < 0)
+        goto out;
+    ret = bi_co_flush(n->file);
+    if (ret < 0)
+        goto out;
+    uint64_t v = htobe64(size);
+    ret = qc_write_header_field(n, QH_SIZE, &v, 8);
+    if (ret < 0)
+        goto out;
+    n->size = size;
+out:
+    bi_co_mutex_unlock(&s->lock);
+    if (ret < 0 && err && !err->msg[0])
+        bi_error_set(err, -ret, "Could not resize image");
+    BI_UNUSED(exact);
+    return ret;
+}
