@@ -816,8 +816,7 @@ int bi_convert(const struct bi_convert_opts *o, bi_error *err)
         case EK_NONE:
             if (ret == -ECANCELED) {
                 bi_error_set(err, 0,
-                             "Interrupted: copy stopped at byte %" PRIu64
-                             " of %" PRIu64,
+                             "copy stopped at byte %" PRIu64 " of %" PRIu64,
                              s.eoff, s.total);
             } else {
                 bi_error_set(err, -ret, "Conversion failed");
