@@ -83,8 +83,8 @@ static void run(const char *path, enum bi_cache cache, const char *what)
     ok(all_ok, "%s: 100 byte-granular writes", what);
     memset(got, 0xee, sizeof(got));
     ok(bi_pread(n, 3, got + 3, SIZE - 3) == 0, "%s: read back", what);
-    ok(memcmp(got + 3, model + 3, SIZE - 3) == 0,
-       "%s: bytes equal the model", what);
+    ok(memcmp(got + 3, model + 3, SIZE - 3) == 0, "%s: bytes equal the model",
+       what);
     free(raw);
 
     /* Concurrent unaligned writes to disjoint bytes in shared sectors. */
@@ -147,8 +147,7 @@ static void run(const char *path, enum bi_cache cache, const char *what)
     for (int i = 0; i < 64; i++)
         free(w[i].buf);
     free(w);
-    is_int(bad, 0, "%s: overlapping writes: each byte from one writer",
-           what);
+    is_int(bad, 0, "%s: overlapping writes: each byte from one writer", what);
 
     struct bi_stats st;
     bi_node_stats(bi_node_file(n), &st);

@@ -41,8 +41,8 @@ static void print_formatting_line(const char *filename,
                                   const struct bi_create_opts *o,
                                   const struct bi_optlist *l)
 {
-    const struct line_key *keys = !strcmp(o->format, "qcow2") ? qcow2_keys
-                                                              : raw_keys;
+    const struct line_key *keys =
+        !strcmp(o->format, "qcow2") ? qcow2_keys : raw_keys;
     printf("Formatting '%s', fmt=%s", filename, o->format);
     for (const struct line_key *k = keys; k->key; k++) {
         const char *v = bi_optlist_get(l, k->key);
@@ -82,8 +82,9 @@ int bi_create(const char *filename, const struct bi_create_opts *o,
         return -EINVAL;
     }
     if (!drv->create) {
-        bi_error_set(err, 0, "Format driver '%s' does not support image "
-                             "creation",
+        bi_error_set(err, 0,
+                     "Format driver '%s' does not support image "
+                     "creation",
                      o->format);
         return -ENOTSUP;
     }

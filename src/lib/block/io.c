@@ -68,8 +68,8 @@ struct iov_slice {
 };
 
 /* Builds [prefix] + iov[off, off+len) + [suffix]. */
-static int slice_make(struct iov_slice *s, const struct iovec *iov,
-                      int iovcnt, uint64_t off, uint64_t len, void *prefix,
+static int slice_make(struct iov_slice *s, const struct iovec *iov, int iovcnt,
+                      uint64_t off, uint64_t len, void *prefix,
                       uint64_t prefix_len, void *suffix, uint64_t suffix_len)
 {
     int max = iovcnt + 2;
@@ -124,8 +124,8 @@ static int proto_direct(bi_node *n, bool write, uint64_t off, uint64_t len,
             s.cnt = (int)l->max_iov;
             slice_free(&s);
             if (ret == 0)
-                ret = slice_make(&s, iov, iovcnt, done, chunk, NULL, 0, NULL,
-                                 0);
+                ret =
+                    slice_make(&s, iov, iovcnt, done, chunk, NULL, 0, NULL, 0);
         }
         if (ret == 0)
             ret = write ? n->drv->co_pwritev(n, off + done, chunk, s.v, s.cnt,
@@ -307,8 +307,8 @@ static int fmt_write(bi_node *n, uint64_t off, uint64_t len,
     int ret = check_probed_first_sector(n, off, len, iov, iovcnt);
     if (ret < 0)
         return ret;
-    uint64_t gran = n->drv->write_granularity ? n->drv->write_granularity(n)
-                                              : 0;
+    uint64_t gran =
+        n->drv->write_granularity ? n->drv->write_granularity(n) : 0;
     struct bi_tracked_req req;
     if (gran)
         track_begin(n, &req, bi_align_down(off, gran),
@@ -405,8 +405,7 @@ int bi_co_pwrite(bi_node *n, uint64_t off, const void *buf, uint64_t len,
 }
 
 /* Writes zeroes from a zeroed buffer, chunk by chunk. */
-static int write_zero_buffers(bi_node *n, uint64_t off, uint64_t len,
-                              int flags)
+static int write_zero_buffers(bi_node *n, uint64_t off, uint64_t len, int flags)
 {
     uint64_t bufsz = BI_MIN(len, (uint64_t)BOUNCE_CHUNK);
     size_t align = n->limits.opt_mem_alignment ? n->limits.opt_mem_alignment
@@ -451,17 +450,17 @@ int bi_co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags)
     uint64_t a = bi_align_up(off, align), b = bi_align_down(off + len, align);
     int ret = 0;
     if (a >= b)
-        return (flags & BI_REQ_NO_FALLBACK) ? -ENOTSUP
-                                            : write_zero_buffers(n, off, len,
-                                                                 flags);
+        return (flags & BI_REQ_NO_FALLBACK)
+                   ? -ENOTSUP
+                   : write_zero_buffers(n, off, len, flags);
     if (a > off && !(flags & BI_REQ_NO_FALLBACK))
         ret = write_zero_buffers(n, off, a - off, flags);
     if (ret == 0) {
         struct bi_tracked_req req;
         track_begin(n, &req, a, b, false);
-        ret = n->drv->co_pwrite_zeroes ? n->drv->co_pwrite_zeroes(n, a, b - a,
-                                                                  flags)
-                                       : -ENOTSUP;
+        ret = n->drv->co_pwrite_zeroes
+                  ? n->drv->co_pwrite_zeroes(n, a, b - a, flags)
+                  : -ENOTSUP;
         track_end(&req);
         if (ret == -ENOTSUP && !(flags & BI_REQ_NO_FALLBACK))
             ret = write_zero_buffers(n, a, b - a, flags);
@@ -519,8 +518,8 @@ int bi_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
     int ret = check_request(n, off, len);
     if (ret < 0)
         return ret;
-    uint64_t gran = n->drv->write_granularity ? n->drv->write_granularity(n)
-                                              : 0;
+    uint64_t gran =
+        n->drv->write_granularity ? n->drv->write_granularity(n) : 0;
     struct bi_tracked_req req;
     if (gran)
         track_begin(n, &req, bi_align_down(off, gran),
@@ -551,8 +550,7 @@ static int sync_rw_fn(void *opaque)
     case OP_READ:
         return bi_co_preadv(r->n, r->off, r->len, r->iov, r->iovcnt);
     case OP_WRITE:
-        return bi_co_pwritev(r->n, r->off, r->len, r->iov, r->iovcnt,
-                             r->flags);
+        return bi_co_pwritev(r->n, r->off, r->len, r->iov, r->iovcnt, r->flags);
     case OP_ZERO:
         return bi_co_pwrite_zeroes(r->n, r->off, r->len, r->flags);
     case OP_DISCARD:
@@ -564,15 +562,15 @@ static int sync_rw_fn(void *opaque)
 
 int bi_preadv(bi_node *n, uint64_t off, const struct iovec *iov, int iovcnt)
 {
-    struct sync_rw r = {n, off, bi_iov_size(iov, iovcnt), iov, iovcnt, 0,
-                        OP_READ};
+    struct sync_rw r = {n, off,    bi_iov_size(iov, iovcnt), iov, iovcnt,
+                        0, OP_READ};
     return bi_run_co(sync_rw_fn, &r);
 }
 
 int bi_pwritev(bi_node *n, uint64_t off, const struct iovec *iov, int iovcnt,
                int flags)
 {
-    struct sync_rw r = {n,      off,  bi_iov_size(iov, iovcnt), iov, iovcnt,
+    struct sync_rw r = {n,     off,     bi_iov_size(iov, iovcnt), iov, iovcnt,
                         flags, OP_WRITE};
     return bi_run_co(sync_rw_fn, &r);
 }
@@ -583,8 +581,7 @@ int bi_pread(bi_node *n, uint64_t off, void *buf, size_t len)
     return bi_preadv(n, off, &v, 1);
 }
 
-int bi_pwrite(bi_node *n, uint64_t off, const void *buf, size_t len,
-              int flags)
+int bi_pwrite(bi_node *n, uint64_t off, const void *buf, size_t len, int flags)
 {
     struct iovec v = {(void *)buf, len};
     return bi_pwritev(n, off, &v, 1, flags);
@@ -606,6 +603,38 @@ int bi_flush(bi_node *n)
 {
     struct sync_rw r = {n, 0, 0, NULL, 0, 0, OP_FLUSH};
     return bi_run_co(sync_rw_fn, &r);
+}
+
+struct compressed_args {
+    bi_node *n;
+    uint64_t off, len;
+    const uint8_t *buf;
+};
+
+static int compressed_fn(void *opaque)
+{
+    struct compressed_args *a = opaque;
+    uint64_t gran =
+        a->n->drv->write_granularity ? a->n->drv->write_granularity(a->n) : 0;
+    if (!gran || !a->n->drv->co_pwrite_compressed)
+        return -ENOTSUP;
+    if (!bi_is_aligned(a->off, gran))
+        return -EINVAL;
+    for (uint64_t done = 0; done < a->len;) {
+        uint64_t l = BI_MIN(gran, a->len - done);
+        int ret =
+            bi_co_pwrite_compressed(a->n, a->off + done, a->buf + done, l);
+        if (ret < 0)
+            return ret;
+        done += l;
+    }
+    return 0;
+}
+
+int bi_pwrite_compressed(bi_node *n, uint64_t off, const void *buf, size_t len)
+{
+    struct compressed_args a = {n, off, len, buf};
+    return bi_run_co(compressed_fn, &a);
 }
 
 /* ------------------------------------------------------------ async API */

@@ -138,8 +138,7 @@ static int open_backing(bi_node *n, const struct bi_open_opts *o, int depth,
         return -EINVAL;
     }
     if (depth + 1 >= MAX_BACKING_DEPTH) {
-        bi_error_set(err, 0, "Backing chain of '%s' is too deep",
-                     n->filename);
+        bi_error_set(err, 0, "Backing chain of '%s' is too deep", n->filename);
         return -ELOOP;
     }
     char *path = resolve_backing(n->filename, n->backing_filename);
@@ -164,8 +163,8 @@ static int open_backing(bi_node *n, const struct bi_open_opts *o, int depth,
     bo.driver_opts = NULL;
     bi_error berr;
     bi_error_init(&berr);
-    n->backing = open_format(path, n->backing_format, &bo, depth + 1, chain,
-                             &berr);
+    n->backing =
+        open_format(path, n->backing_format, &bo, depth + 1, chain, &berr);
     if (!n->backing) {
         bi_error_set(err, 0, "Could not open backing file: %s", berr.msg);
         free(path);
@@ -199,17 +198,18 @@ static bi_node *open_format(const char *filename, const char *format,
 
     bool probed = false;
     if (!drv) {
-        uint8_t *buf = bi_alloc_aligned(file->limits.opt_mem_alignment,
-                                        PROBE_BYTES);
+        uint8_t *buf =
+            bi_alloc_aligned(file->limits.opt_mem_alignment, PROBE_BYTES);
         if (!buf)
             abort();
         memset(buf, 0, PROBE_BYTES);
-        uint64_t l = BI_MIN((uint64_t)PROBE_BYTES,
-                            bi_align_up(file->size, SECTOR));
+        uint64_t l =
+            BI_MIN((uint64_t)PROBE_BYTES, bi_align_up(file->size, SECTOR));
         int ret = l ? bi_pread(file, 0, buf, l) : 0;
         if (ret < 0) {
-            bi_error_set(err, -ret, "Could not read image for determining "
-                                    "its format");
+            bi_error_set(err, -ret,
+                         "Could not read image for determining "
+                         "its format");
             bi_free_aligned(buf);
             close_graph(file);
             return NULL;
@@ -306,13 +306,34 @@ int bi_close(bi_node *n, bi_error *err)
     return ret;
 }
 
-const char *bi_node_filename(const bi_node *n) { return n->filename; }
-const char *bi_node_format(const bi_node *n) { return n->drv->name; }
-bi_node *bi_node_file(bi_node *n) { return n->file ? n->file : n; }
-bi_node *bi_node_backing(bi_node *n) { return n->backing; }
-bool bi_node_read_only(const bi_node *n) { return n->read_only; }
-bool bi_node_format_probed(const bi_node *n) { return n->format_probed; }
-int64_t bi_getlength(bi_node *n) { return (int64_t)n->size; }
+const char *bi_node_filename(const bi_node *n)
+{
+    return n->filename;
+}
+const char *bi_node_format(const bi_node *n)
+{
+    return n->drv->name;
+}
+bi_node *bi_node_file(bi_node *n)
+{
+    return n->file ? n->file : n;
+}
+bi_node *bi_node_backing(bi_node *n)
+{
+    return n->backing;
+}
+bool bi_node_read_only(const bi_node *n)
+{
+    return n->read_only;
+}
+bool bi_node_format_probed(const bi_node *n)
+{
+    return n->format_probed;
+}
+int64_t bi_getlength(bi_node *n)
+{
+    return (int64_t)n->size;
+}
 
 int64_t bi_allocated_file_size(bi_node *n)
 {
@@ -321,7 +342,10 @@ int64_t bi_allocated_file_size(bi_node *n)
     return n->file ? bi_allocated_file_size(n->file) : -ENOTSUP;
 }
 
-const struct bi_limits *bi_node_limits(const bi_node *n) { return &n->limits; }
+const struct bi_limits *bi_node_limits(const bi_node *n)
+{
+    return &n->limits;
+}
 
 int bi_storage_info(bi_node *n, struct bi_storage_info *out)
 {
@@ -335,7 +359,10 @@ int bi_storage_info(bi_node *n, struct bi_storage_info *out)
     return p->drv->storage_info(p, out);
 }
 
-void bi_node_stats(const bi_node *n, struct bi_stats *out) { *out = n->stats; }
+void bi_node_stats(const bi_node *n, struct bi_stats *out)
+{
+    *out = n->stats;
+}
 
 void *bi_blockalign(bi_node *n, size_t size)
 {
@@ -431,8 +458,7 @@ static int truncate_fn(void *opaque)
         bi_error_set(a->err, 0, "Image format driver does not support resize");
         return -ENOTSUP;
     }
-    return a->n->drv->co_truncate(a->n, a->size, a->exact, a->prealloc,
-                                  a->err);
+    return a->n->drv->co_truncate(a->n, a->size, a->exact, a->prealloc, a->err);
 }
 
 int bi_truncate(bi_node *n, uint64_t size, bool exact,

@@ -75,8 +75,8 @@ int bi_co_block_status(bi_node *n, uint64_t off, uint64_t len,
         n->drv != &bi_drv_raw) {
         struct bi_status fs;
         if (bi_co_block_status(st->file, st->offset, st->len, &fs) == 0) {
-            if ((fs.flags & BI_BS_EOF) && (fs.len == 0 ||
-                                           (fs.flags & BI_BS_ZERO))) {
+            if ((fs.flags & BI_BS_EOF) &&
+                (fs.len == 0 || (fs.flags & BI_BS_ZERO))) {
                 st->flags |= BI_BS_ZERO;
             } else if (fs.len) {
                 st->len = BI_MIN(st->len, fs.len);
@@ -139,8 +139,8 @@ int bi_block_status(bi_node *n, uint64_t off, uint64_t len,
     return bi_run_co(status_fn, &a);
 }
 
-int bi_block_status_above(bi_node *n, bi_node *base, uint64_t off,
-                          uint64_t len, struct bi_status *st)
+int bi_block_status_above(bi_node *n, bi_node *base, uint64_t off, uint64_t len,
+                          struct bi_status *st)
 {
     struct status_args a = {n, base, off, len, st, true};
     return bi_run_co(status_fn, &a);

@@ -26,7 +26,10 @@ static int raw_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
     return 0;
 }
 
-static void raw_refresh_limits(bi_node *n) { n->limits = n->file->limits; }
+static void raw_refresh_limits(bi_node *n)
+{
+    n->limits = n->file->limits;
+}
 
 static int raw_co_map(bi_node *n, uint64_t off, uint64_t len, unsigned flags,
                       struct bi_extent *ext)
@@ -91,8 +94,9 @@ static int raw_create(const char *filename, const struct bi_create_opts *o,
         }
     }
     if (o->backing_file) {
-        bi_error_set(err, 0, "Backing file not supported for file format "
-                             "'raw'");
+        bi_error_set(err, 0,
+                     "Backing file not supported for file format "
+                     "'raw'");
         return -ENOTSUP;
     }
     return bi_drv_file.create(filename, o, err);

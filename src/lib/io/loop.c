@@ -73,7 +73,10 @@ int bi_aio_select(enum bi_aio aio, bi_error *err)
     return 0;
 }
 
-const char *bi_aio_engine_name(void) { return bi_engine_get()->ops->name; }
+const char *bi_aio_engine_name(void)
+{
+    return bi_engine_get()->ops->name;
+}
 
 int bi_aio_parse(const char *s, enum bi_aio *out)
 {
@@ -155,9 +158,18 @@ int64_t bi_io_run(struct bi_io *io)
     return io->ret;
 }
 
-void bi_loop_request_started(void) { requests_in_flight++; }
-void bi_loop_request_done(void) { requests_in_flight--; }
-int bi_loop_requests(void) { return requests_in_flight; }
+void bi_loop_request_started(void)
+{
+    requests_in_flight++;
+}
+void bi_loop_request_done(void)
+{
+    requests_in_flight--;
+}
+int bi_loop_requests(void)
+{
+    return requests_in_flight;
+}
 
 int bi_aio_poll(bool blocking)
 {
@@ -175,7 +187,10 @@ void bi_aio_drain(void)
     }
 }
 
-int bi_aio_in_flight(void) { return requests_in_flight; }
+int bi_aio_in_flight(void)
+{
+    return requests_in_flight;
+}
 
 int bi_run_in_thread(int (*fn)(void *), void *arg)
 {

@@ -39,7 +39,7 @@ struct bi_co {
     jmp_buf *caller; /* where a yield returns to */
     bi_co_fn *fn;
     void *arg;
-    void *stack;     /* mapping, guard page first */
+    void *stack; /* mapping, guard page first */
     size_t map_size;
     bool done;
     bool scheduled;
@@ -200,7 +200,10 @@ void bi_co_yield(void)
     asan_finish(co->fake_stack, &co->caller_bottom, &co->caller_size);
 }
 
-bi_co *bi_co_self(void) { return current; }
+bi_co *bi_co_self(void)
+{
+    return current;
+}
 
 void bi_co_wake(bi_co *co)
 {
@@ -210,7 +213,10 @@ void bi_co_wake(bi_co *co)
     bi_loop_schedule_co(co);
 }
 
-void bi_co_queue_init(bi_co_queue *q) { TAILQ_INIT(q); }
+void bi_co_queue_init(bi_co_queue *q)
+{
+    TAILQ_INIT(q);
+}
 
 void bi_co_queue_wait(bi_co_queue *q)
 {
@@ -238,7 +244,10 @@ void bi_co_queue_wake_all(bi_co_queue *q)
     }
 }
 
-bool bi_co_queue_empty(const bi_co_queue *q) { return TAILQ_EMPTY(q); }
+bool bi_co_queue_empty(const bi_co_queue *q)
+{
+    return TAILQ_EMPTY(q);
+}
 
 void bi_co_mutex_init(bi_co_mutex *m)
 {
