@@ -117,7 +117,7 @@ static bi_co *co_new(void)
         abort();
     mprotect(co->stack, page, PROT_NONE); /* guard page */
 
-    ucontext_t uc, old;
+    ucontext_t uc;
     if (getcontext(&uc) < 0)
         abort();
     uc.uc_stack.ss_sp = co_stack_base(co);
@@ -133,7 +133,9 @@ static bi_co *co_new(void)
     void *fake = NULL;
     if (!_setjmp(here)) {
         asan_start(&fake, co_stack_base(co), CO_STACK_SIZE);
-        swapcontext(&old, &uc);
+        /* setcontext, not swapcontext: the trampoline jumps straight
+         * back to 'here', and ASan does not intercept setcontext. */
+        setcontext(&uc);
     }
     asan_finish(fake, NULL, NULL);
     init_env = saved;
