@@ -1624,6 +1624,10 @@ static int info_f(int argc, char **argv)
     int ret;
 
     printf("format name: %s\n", g_format_name);
+    if (bi_node_file(g_node) == g_node || !bi_node_file(g_node)) {
+        /* a protocol node: qemu shows its protocol name as well */
+        printf("format name: %s\n", g_format_name);
+    }
     bi_error_init(&err);
     ret = bi_get_info(g_node, info, &err);
     if (ret < 0) {
@@ -1985,11 +1989,11 @@ static const struct cmdinfo sigraise_cmd = {
 
 static void print_stats(bi_node *n)
 {
-    bi_node *file = bi_node_file(n);
+    bi_node *file = bi_node_file(n); /* n itself for a protocol node */
     struct bi_stats st;
 
     if (!file) {
-        file = n; /* the image is the protocol node itself */
+        file = n;
     }
     bi_node_stats(file, &st);
     printf("stats for '%s' (protocol node):\n", bi_node_filename(file));

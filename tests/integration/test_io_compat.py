@@ -185,6 +185,8 @@ def test_no_file(pair):
      "discard 0 4k", "-c", "read -P 1 0 4k", "a.img"],
     ["-d", "unmap", "-f", "raw", "-c", "discard 0 4k", "a.img"],
     ["--cache=writeback", "--format=raw", "--cmd=read 0 1", "a.img"],
+    ["-f", "file", "-c", "info", "-c", "map", "-c", "alloc 0 1M", "-c",
+     "write -P 3 0 1", "-c", "read -v 0 4", "a.img"],
 ], ids=lambda a: " ".join(a))
 def test_command_line(pair, args):
     pair.compare(args, files=["a.img"])
@@ -317,3 +319,15 @@ def test_qcow2_info_compat010(tmp_path, blkimg_io, qemu_io):
     p = Pair(tmp_path, blkimg_io, qemu_io)
     p.create("c.qcow2", MIB, fmt="qcow2", opts="compat=0.10")
     p.compare(cmds("info") + ["c.qcow2"])
+
+
+def test_probed_raw_protects_block0(pair):
+    # A probed raw image refuses writes making sector 0 look like another
+    # format (here a qcow2 header); -f raw lifts the restriction.
+    pair.put("qfi.bin", b"QFI\xfb\0\0\0\3")
+    pair.compare(cmds("write -s qfi.bin 0 512", "write -s qfi.bin 512 512",
+                      "read -v 0 8", "read -v 512 8") + ["a.img"],
+                 files=["a.img"])
+    pair.compare(["-f", "raw"] + cmds("write -s qfi.bin 0 512",
+                                      "read -v 0 8") + ["a.img"],
+                 files=["a.img"])
