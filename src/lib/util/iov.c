@@ -54,7 +54,9 @@ void bi_iov_to_buf(const struct iovec *iov, int iovcnt, uint64_t off, void *buf,
     for (; len > 0 && i < iovcnt; i++, in = 0) {
         uint64_t n = BI_MIN(len, iov[i].iov_len - in);
 
-        memcpy(p, (const char *)iov[i].iov_base + in, n);
+        if (n > 0) {
+            memcpy(p, (const char *)iov[i].iov_base + in, n);
+        }
         p += n;
         len -= n;
     }
@@ -71,7 +73,9 @@ void bi_iov_from_buf(const struct iovec *iov, int iovcnt, uint64_t off,
     for (; len > 0 && i < iovcnt; i++, in = 0) {
         uint64_t n = BI_MIN(len, iov[i].iov_len - in);
 
-        memcpy((char *)iov[i].iov_base + in, p, n);
+        if (n > 0) {
+            memcpy((char *)iov[i].iov_base + in, p, n);
+        }
         p += n;
         len -= n;
     }
@@ -87,7 +91,9 @@ void bi_iov_memset(const struct iovec *iov, int iovcnt, uint64_t off, int c,
     for (; len > 0 && i < iovcnt; i++, in = 0) {
         uint64_t n = BI_MIN(len, iov[i].iov_len - in);
 
-        memset((char *)iov[i].iov_base + in, c, n);
+        if (n > 0) {
+            memset((char *)iov[i].iov_base + in, c, n);
+        }
         len -= n;
     }
     assert(len == 0 && "bi_iov_memset: range beyond the vector");
