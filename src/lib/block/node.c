@@ -3,6 +3,7 @@
  * chains, and the accessors the tools use. */
 #include "block/block.h"
 #include "io/aio.h"
+#include "protocol/file.h"
 #include "util/util.h"
 
 #include <errno.h>
@@ -217,6 +218,19 @@ static bi_node *open_format(const char *filename, const char *format,
         drv = bi_probe_format(buf, l, filename);
         bi_free_aligned(buf);
         probed = drv == &bi_drv_raw;
+    }
+
+    /* Image locking as QEMU 7.2: a format with metadata forbids other
+     * writers (and resizers) of its file; raw shares what its user shares. */
+    if (drv != &bi_drv_raw &&
+        bi_file_set_perm(file,
+                         BI_PERM_CONSISTENT_READ |
+                             (o->read_write ? BI_PERM_WRITE | BI_PERM_RESIZE
+                                            : 0),
+                         BI_PERM_ALL & ~(BI_PERM_WRITE | BI_PERM_RESIZE),
+                         err) < 0) {
+        close_graph(file);
+        return NULL;
     }
 
     bi_node *n = node_alloc(drv, filename, o);
