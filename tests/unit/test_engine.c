@@ -11,10 +11,17 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/audit.h>
 #include <linux/falloc.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define NREQ 600 /* more than the ring depth: exercises a full SQ */
@@ -416,6 +423,80 @@ static void run_chain(const struct bi_engine_ops *ops)
     unlink(path);
 }
 
+/* ---- io_uring refused by the kernel ---- */
+
+/* In a child process, makes io_uring_setup fail with errnum (as with
+ * kernel.io_uring_disabled or a seccomp policy), then checks that the
+ * io_uring engine's init reports it and the thread engine still works.
+ * Exit status: 0 = as expected, 2 = init did not fail, 3 = wrong errno,
+ * 4 = threads engine failed, 77 = could not install the filter. */
+static int refused_child(int errnum)
+{
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_io_uring_setup, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K,
+                 SECCOMP_RET_ERRNO | (unsigned)(errnum & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {.len = BI_ARRAY_SIZE(f), .filter = f};
+    struct bi_engine e = {.ops = &bi_engine_uring_ops};
+    int r;
+
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
+        return 77;
+    }
+    r = e.ops->init(&e, 64);
+    if (r == 0) {
+        return 2;
+    }
+    if (r != -errnum) {
+        return 3;
+    }
+    e = (struct bi_engine){.ops = &bi_engine_threads_ops};
+    if (e.ops->init(&e, 64) != 0) {
+        return 4;
+    }
+    static char b[512];
+    struct iovec iov = {b, sizeof(b)};
+    struct req q = {0};
+    int fd = open("/proc/self/exe", O_RDONLY);
+    q.io = (struct bi_io){.op = BI_IO_READ,
+                          .fd = fd,
+                          .iov = &iov,
+                          .iovcnt = 1,
+                          .cb = req_cb,
+                          .opaque = &q};
+    e.ops->submit(&e, &q.io);
+    if (!drain(&e) || q.io.ret != 512 || memcmp(b + 1, "ELF", 3) != 0) {
+        return 4;
+    }
+    e.ops->cleanup(&e);
+    return 0;
+}
+
+static void run_refused(int errnum)
+{
+    pid_t pid = fork();
+    int status = 0;
+
+    if (pid == 0) {
+        _exit(refused_child(errnum));
+    }
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status)) {
+        ok(0, "io_uring refused (%s): child ran", strerror(errnum));
+        return;
+    }
+    if (WEXITSTATUS(status) == 77) {
+        printf("ok %d - # SKIP cannot install a seccomp filter\n", ++tap_count);
+        return;
+    }
+    is_int(WEXITSTATUS(status), 0,
+           "io_uring refused (%s): init returns -errno, threads work",
+           strerror(errnum));
+}
+
 int main(void)
 {
     const struct bi_engine_ops *engines[] = {&bi_engine_uring_ops,
@@ -428,5 +509,7 @@ int main(void)
         run_work(engines[i]);
         run_chain(engines[i]);
     }
+    run_refused(ENOSYS); /* kernel without io_uring */
+    run_refused(EPERM);  /* kernel.io_uring_disabled=2 */
     return tap_done();
 }
