@@ -141,54 +141,92 @@ static int src_index(struct cv_state *s, uint64_t pos)
 }
 
 /* Refreshes the cursor's status run at c->pos. */
+/* Chunk kind of a block status. A data cluster over a hole of the host file
+ * reports DATA|ZERO here; qemu-img does not look into the host file of a
+ * format node and sees plain data, so it is chunked and counted as data
+ * (progress then matches qemu-img's), while its zero part is still never
+ * read (see co_read). */
+static enum chunk_kind classify(struct cv_state *s, unsigned flags,
+                                bool post_backing_zero)
+{
+    if (flags & BI_BS_DATA) {
+        return CK_DATA;
+    }
+    if (flags & BI_BS_ZERO) {
+        return post_backing_zero ? CK_BACKING : CK_ZERO;
+    }
+    return s->o->target_has_backing ? CK_BACKING : CK_DATA;
+}
+
+static bi_node *src_base(struct cv_state *s, bi_node *src)
+{
+    return s->o->target_has_backing ? bi_node_backing(src) : NULL;
+}
+
+/* Refreshes the cursor's status run at c->pos: the longest run of one kind
+ * (data runs merged up to twice the buffer size). */
 static int cursor_status(struct cv_state *s, struct cv_cursor *c)
 {
     int i = src_index(s, c->pos);
     bi_node *src = s->src[i];
     uint64_t soff = c->pos - s->src_start[i];
-    uint64_t slen = s->src_start[i + 1] - c->pos;
-    bi_node *base = s->o->target_has_backing ? bi_node_backing(src) : NULL;
+    uint64_t send = s->src_start[i + 1] - s->src_start[i];
+    bi_node *base = src_base(s, src);
     struct bi_status st;
     int ret;
 
     memset(&st, 0, sizeof(st));
-    ret = bi_block_status_above(src, base, soff, slen, &st);
+    ret = bi_block_status_above(src, base, soff, send - soff, &st);
     if (ret < 0) {
         return ret;
     }
-    if (st.len == 0 || st.len > slen) {
-        st.len = slen;
+    if (st.len == 0 || st.len > send - soff) {
+        st.len = send - soff;
     }
     uint64_t n = st.len;
     bool post_backing_zero = false;
+    uint64_t bsz = UINT64_MAX;
     if (s->o->target_has_backing && s->o->target_backing_size >= 0) {
-        uint64_t bsz = (uint64_t)s->o->target_backing_size;
+        bsz = (uint64_t)s->o->target_backing_size;
         if (c->pos >= bsz) {
             post_backing_zero = true;
         } else if (c->pos + n > bsz) {
             n = bsz - c->pos;
         }
     }
-    if (st.flags & BI_BS_ZERO) {
-        c->kind = post_backing_zero ? CK_BACKING : CK_ZERO;
-    } else if (st.flags & BI_BS_DATA) {
-        c->kind = CK_DATA;
-    } else {
-        c->kind = s->o->target_has_backing ? CK_BACKING : CK_DATA;
+    c->kind = classify(s, st.flags, post_backing_zero);
+    c->host_valid = (st.flags & BI_BS_OFFSET_VALID) && st.file &&
+                    !(st.flags & (BI_BS_COMPRESSED | BI_BS_ZERO)) &&
+                    c->kind == CK_DATA;
+    c->host_file = st.file;
+    c->host_start = st.offset;
+    if (c->kind == CK_DATA) {
+        while (soff + n < send && n < 2 * s->buf_size &&
+               (bsz == UINT64_MAX || c->pos + n < bsz)) {
+            struct bi_status nx;
+            memset(&nx, 0, sizeof(nx));
+            ret = bi_block_status_above(src, base, soff + n, send - soff - n,
+                                        &nx);
+            if (ret < 0 || nx.len == 0 ||
+                classify(s, nx.flags, false) != CK_DATA) {
+                break;
+            }
+            n += BI_MIN(nx.len, send - soff - n);
+            c->host_valid = false;
+            if (c->pos + n > bsz) {
+                n = bsz - c->pos;
+            }
+        }
     }
     /* Keep the next status query aligned to the source's alignment (no
      * needless partial reads). */
     uint64_t a = s->src_align[i];
-    if (a > 1 && soff + n < s->src_start[i + 1] - s->src_start[i]) {
+    if (a > 1 && soff + n < send) {
         uint64_t tail = (soff + n) % a;
         if (n > tail) {
             n -= tail;
         }
     }
-    c->host_valid = (st.flags & BI_BS_OFFSET_VALID) && st.file &&
-                    !(st.flags & BI_BS_COMPRESSED) && c->kind == CK_DATA;
-    c->host_file = st.file;
-    c->host_start = st.offset;
     c->run_start = c->pos;
     c->status_end = c->pos + n;
     return 0;
@@ -216,13 +254,6 @@ static int64_t cursor_next(struct cv_state *s, struct cv_cursor *c,
             *kind = CK_DATA;
         } else {
             n = bi_align_down(n, s->cluster);
-        }
-    } else if (*kind == CK_DATA && s->cluster > 1 && n > s->cluster) {
-        /* End data chunks on a target cluster boundary: no partial-cluster
-         * copy-on-write in the middle of the copy. */
-        uint64_t end = bi_align_down(c->pos + n, s->cluster);
-        if (end > c->pos) {
-            n = end - c->pos;
         }
     }
     return (int64_t)n;
@@ -278,10 +309,26 @@ static int co_read(struct cv_state *s, uint64_t off, uint64_t len, void *buf)
     while (len) {
         int i = src_index(s, off);
         uint64_t n = BI_MIN(len, s->src_start[i + 1] - off);
-        int ret = bi_co_pread(s->src[i], off - s->src_start[i], p, n);
-        if (ret < 0) {
-            set_error(s, ret, EK_READ, off);
-            return ret;
+        uint64_t soff = off - s->src_start[i];
+        struct bi_status st;
+        int ret;
+
+        /* What reads as zero is not read. */
+        memset(&st, 0, sizeof(st));
+        ret = bi_block_status_above(s->src[i], src_base(s, s->src[i]), soff, n,
+                                    &st);
+        if (ret == 0 && st.len > 0 && (st.flags & BI_BS_ZERO)) {
+            n = BI_MIN(n, st.len);
+            memset(p, 0, n);
+        } else {
+            if (ret == 0 && st.len > 0) {
+                n = BI_MIN(n, st.len);
+            }
+            ret = bi_co_pread(s->src[i], soff, p, n);
+            if (ret < 0) {
+                set_error(s, ret, EK_READ, off);
+                return ret;
+            }
         }
         off += n;
         len -= n;
