@@ -26,11 +26,6 @@
 #include <time.h>
 #include <unistd.h>
 
-/* Compressed writes: resolved at run time so that the tool still builds
- * and runs against a library without them ("write -c" then fails with
- * ENOTSUP, which is what a format without compression answers anyway). */
-#pragma weak bi_pwrite_compressed
-
 /* qemu's largest request: INT_MAX rounded down to 512 bytes. */
 #define IO_MAX_BYTES 2147483136ULL
 #define MISALIGN_OFFSET 16
@@ -837,14 +832,6 @@ static const struct cmdinfo write_cmd = {
     .flags = CMD_WRITE,
 };
 
-static int do_write_compressed(int64_t offset, const void *buf, int64_t count)
-{
-    if (!bi_pwrite_compressed) {
-        return -ENOTSUP;
-    }
-    return bi_pwrite_compressed(g_node, (uint64_t)offset, buf, (size_t)count);
-}
-
 static int write_f(int argc, char **argv)
 {
     struct timespec t1, t2;
@@ -977,7 +964,8 @@ static int write_f(int argc, char **argv)
                 ret = bi_pwrite_zeroes(g_node, (uint64_t)offset,
                                        (uint64_t)count, flags);
             } else if (cflag) {
-                ret = do_write_compressed(offset, buf, count);
+                ret = bi_pwrite_compressed(g_node, (uint64_t)offset, buf,
+                                           (size_t)count);
             } else {
                 ret = bi_pwrite(g_node, (uint64_t)offset, buf, (size_t)count,
                                 flags);

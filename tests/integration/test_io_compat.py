@@ -4,7 +4,7 @@ images, the same stdout (timing numbers masked), the same stderr (with the
 program name substituted), the same exit code and the same image bytes."""
 import pytest
 
-from test_io_common import Pair, cmds
+from test_io_common import Pair, as_blkimg, cmds, mask
 
 pytestmark = pytest.mark.qemu
 
@@ -59,6 +59,10 @@ RAW_SCRIPTS = [
         "aio_read -P 300 0 512", "aio_read -i 0 512", "aio_write -i 0 512",
         "aio_read -x 0 1", "aio_read 0", "aio_write 0 x"]),
     ("aio-drained-at-exit", ["aio_write -P 6 0 4k"]),
+    ("aio-completes-during-sleep", [
+        "aio_write -P 1 0 4k", "sleep 200", "length",
+        "aio_read -P 1 0 4k", "sleep 100", "aio_read -P 2 0 4k",
+        "sleep 100", "aio_write 0 1"]),
     ("zeroes-discard", [
         "write -P 9 0 64k", "write -z 4k 4k", "read -P 0 4k 4k",
         "write -z -u 8k 8k", "read -P 0 8k 8k", "discard 16k 4k",
@@ -142,6 +146,14 @@ def test_cache_modes(pair, cache):
               "aio_flush", "aio_read -P 0x5e 77 1000", "aio_flush",
               "flush"]
     pair.compare(["-f", "raw", "-t", cache] + cmds(*script) + ["a.img"],
+                 files=["a.img"])
+
+
+def test_misalign(pair):
+    pair.compare(["-m", "-t", "none", "-f", "raw"] +
+                 cmds("write -P 3 1 4095", "read -P 3 1 4095", "readv -v 0 3 5",
+                      "aio_write -P 4 4096 4096", "aio_flush",
+                      "aio_read -P 4 4096 4096", "aio_flush") + ["a.img"],
                  files=["a.img"])
 
 
@@ -262,6 +274,28 @@ def test_stdin_ignored_with_commands(pair):
     pair.compare(["-f", "raw", "-c", "length", "a.img"], stdin="map\n")
 
 
+def test_stdin_aio_completes_while_waiting(pair):
+    """A completion arriving while the prompt waits for input is printed
+    right away, after the prompt, as qemu-io's main loop does."""
+    import subprocess
+    import time
+    outs = []
+    for tool, d in ((pair.qemu_io, pair.q), (pair.blkimg_io, pair.b)):
+        p = subprocess.Popen([tool, "-f", "raw", "a.img"], cwd=str(d),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+        p.stdin.write("aio_write -P 1 0 4k\n")
+        p.stdin.flush()
+        time.sleep(0.5)
+        p.stdin.write("length\n")
+        p.stdin.flush()
+        time.sleep(0.2)
+        out, err = p.communicate("", timeout=60)
+        outs.append((mask(as_blkimg(out)), as_blkimg(err), p.returncode))
+    assert outs[1] == outs[0]
+    assert outs[0][0].startswith("blkimg-io> blkimg-io> wrote 4096/4096")
+
+
 def test_stdin_aio(pair):
     pair.compare(["-f", "raw", "a.img"],
                  stdin="aio_write -P 8 0 4k\naio_flush\naio_read -P 8 0 4k\n"
@@ -286,6 +320,16 @@ QCOW2_SCRIPTS = [
         "info", "map", "alloc 0 1M", "alloc 64k", "alloc 100k 1k",
         "read -P 1 64k 64k", "read -P 0 128k 64k", "read -P 2 1000 100",
         "read -P 0 0 1000", "length"]),
+    ("compressed", [
+        "write -c 0 512", "write -c 0 64k", "write -c 1 64k",
+        "write -c 64k 65024", "write -c -P 3 128k 128k",
+        "read -P 3 128k 128k", "read -P 0xcd 0 64k",
+        "write -c 4032k 64k", "read -P 0xcd 4032k 64k", "write -c 4M 64k",
+        "map", "alloc 0 4M"]),
+    ("truncate", [
+        "write -P 1 0 64k", "truncate 8M", "length", "map",
+        "write -P 2 7M 64k", "read -P 2 7M 64k", "truncate 1M", "length",
+        "map", "read -P 1 0 64k", "info"]),
     ("discard-zero", [
         "write -P 5 0 256k", "discard 64k 64k", "write -z -u 128k 64k",
         "map", "read -P 0 64k 128k", "read -P 5 0 64k",
