@@ -286,12 +286,15 @@ static int reap_ring(struct bi_engine *e, struct uring *u)
                 if (got[i].res == -EINVAL && u->multishot_ok) {
                     u->multishot_ok = false; /* fall back to one-shot */
                 }
-                if (!(got[i].flags & IORING_CQE_F_MORE)) {
-                    u->pool_armed = false;
-                }
                 if (got[i].res > 0) {
                     /* Reset the counter; the queue is drained below. */
                     (void)!read(bi_pool_fd(u->pool), &v, sizeof(v));
+                }
+                if (!(got[i].flags & IORING_CQE_F_MORE)) {
+                    /* The poll request ended: watch the eventfd again
+                     * before anyone waits on the ring. */
+                    u->pool_armed = false;
+                    arm_pool_poll(u);
                 }
                 n += reap_pool(e, u);
                 continue;
@@ -344,8 +347,20 @@ static int uring_poll(struct bi_engine *e, unsigned min_complete)
             }
             return done;
         }
-        /* Submit what is queued and wait for a completion, one syscall. */
-        r = io_uring_submit_and_wait(&u->ring, 1);
+        if (u->pool && !u->pool_armed) {
+            arm_pool_poll(u); /* never wait blind to pool completions */
+        }
+        if (u->pool && !u->pool_armed) {
+            /* No room to watch the pool: wait with a short timeout. */
+            struct __kernel_timespec ts = {.tv_nsec = 1000000};
+            struct io_uring_cqe *cqe;
+
+            r = io_uring_submit_and_wait_timeout(&u->ring, &cqe, 1, &ts, NULL);
+        } else {
+            /* Submit what is queued and wait for a completion: one
+             * system call. */
+            r = io_uring_submit_and_wait(&u->ring, 1);
+        }
         if (r < 0 && r != -EINTR && r != -EAGAIN && r != -EBUSY &&
             r != -ETIME) {
             return r;
