@@ -1,1 +1,566 @@
 /* SPDX-License-Identifier: MIT */
+/* blkimg create: qemu-img 7.2's "create" (options, messages, exit codes). */
+#include "common.h"
+#include "img.h"
+#include "util/util.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ -o help */
+
+struct create_opt_desc {
+    const char *name;
+    const char *type; /* "size", "str", "bool (on/off)", "num" */
+    const char *help;
+};
+
+/* qemu 7.2's creation options (names, types and help texts), per driver. */
+static const struct create_opt_desc raw_opts[] = {
+    {"size", "size", "Virtual disk size"},
+    {NULL, NULL, NULL},
+};
+
+static const struct create_opt_desc file_opts[] = {
+    {"size", "size", "Virtual disk size"},
+    {"preallocation", "str",
+     "Preallocation mode (allowed values: off, falloc, full)"},
+    {"nocow", "bool (on/off)", "Turn off copy-on-write (valid only on btrfs)"},
+    {"extent_size_hint", "size",
+     "Extent size hint for the image file, 0 to disable"},
+    {NULL, NULL, NULL},
+};
+
+static const struct create_opt_desc qcow2_opts[] = {
+    {"size", "size", "Virtual disk size"},
+    {"compat", "str", "Compatibility level (v2 [0.10] or v3 [1.1])"},
+    {"backing_file", "str", "File name of a base image"},
+    {"backing_fmt", "str", "Image format of the base image"},
+    {"data_file", "str", "File name of an external data file"},
+    {"data_file_raw", "bool (on/off)",
+     "The external data file must stay valid as a raw image"},
+    {"encryption", "bool (on/off)",
+     "Encrypt the image with format 'aes'. (Deprecated in favor of "
+     "encrypt.format=aes)"},
+    {"encrypt.format", "str",
+     "Encrypt the image, format choices: 'aes', 'luks'"},
+    {"encrypt.key-secret", "str",
+     "ID of secret providing qcow AES key or LUKS passphrase"},
+    {"encrypt.cipher-alg", "str", "Name of encryption cipher algorithm"},
+    {"encrypt.cipher-mode", "str", "Name of encryption cipher mode"},
+    {"encrypt.ivgen-alg", "str", "Name of IV generator algorithm"},
+    {"encrypt.ivgen-hash-alg", "str", "Name of IV generator hash algorithm"},
+    {"encrypt.hash-alg", "str", "Name of encryption hash algorithm"},
+    {"encrypt.iter-time", "num", "Time to spend in PBKDF in milliseconds"},
+    {"cluster_size", "size", "qcow2 cluster size"},
+    {"preallocation", "str",
+     "Preallocation mode (allowed values: off, metadata, falloc, full)"},
+    {"lazy_refcounts", "bool (on/off)", "Postpone refcount updates"},
+    {"refcount_bits", "num", "Width of a reference count entry in bits"},
+    {"compression_type", "str",
+     "Compression method used for image cluster compression"},
+    {"extended_l2", "bool (on/off)", "Extended L2 tables"},
+    {NULL, NULL, NULL},
+};
+
+static int cmp_desc(const void *a, const void *b)
+{
+    const struct create_opt_desc *const *x = a, *const *y = b;
+    return strcmp((*x)->name, (*y)->name);
+}
+
+/* qemu-img's print_block_option_help(): the format's options, merged with
+ * the protocol's when a filename is given (first definition wins), sorted
+ * by name. */
+static int print_option_help(const char *filename, const char *fmt)
+{
+    const struct create_opt_desc *lists[2] = {NULL, NULL};
+    const struct create_opt_desc *all[64];
+    int n = 0;
+
+    if (!strcmp(fmt, "raw")) {
+        lists[0] = raw_opts;
+    } else if (!strcmp(fmt, "qcow2")) {
+        lists[0] = qcow2_opts;
+    } else if (!strcmp(fmt, "file")) {
+        lists[0] = file_opts;
+    } else {
+        tool_error("Unknown file format '%s'", fmt);
+        return 1;
+    }
+    if (filename) {
+        lists[1] = file_opts;
+    }
+    for (int l = 0; l < 2; l++) {
+        for (const struct create_opt_desc *d = lists[l]; d && d->name; d++) {
+            bool dup = false;
+            for (int i = 0; i < n; i++) {
+                if (!strcmp(all[i]->name, d->name)) {
+                    dup = true;
+                }
+            }
+            if (!dup) {
+                all[n++] = d;
+            }
+        }
+    }
+    qsort(all, (size_t)n, sizeof(all[0]), cmp_desc);
+    if (filename) {
+        printf("Supported options:\n");
+    } else {
+        printf("Supported %s options:\n", fmt);
+    }
+    for (int i = 0; i < n; i++) {
+        char *s = bi_xasprintf("%s=<%s>", all[i]->name, all[i]->type);
+        printf("  %-22s - %s\n", s, all[i]->help);
+        free(s);
+    }
+    if (!filename) {
+        printf("\n"
+               "The protocol level may support further options.\n"
+               "Specify the target filename to include those options.\n");
+    }
+    return 0;
+}
+
+static const struct create_opt_desc *format_opts(const char *fmt)
+{
+    if (!strcmp(fmt, "raw")) {
+        return raw_opts;
+    }
+    if (!strcmp(fmt, "qcow2")) {
+        return qcow2_opts;
+    }
+    return NULL;
+}
+
+/* An option of the format or of the file protocol below it. */
+static const struct create_opt_desc *find_opt(const char *fmt, const char *key)
+{
+    const struct create_opt_desc *lists[2] = {format_opts(fmt), file_opts};
+    for (int l = 0; l < 2; l++) {
+        for (const struct create_opt_desc *d = lists[l]; d && d->name; d++) {
+            if (!strcmp(d->name, key)) {
+                return d;
+            }
+        }
+    }
+    return NULL;
+}
+
+static bool has_opt(const char *fmt, const char *key)
+{
+    return find_opt(fmt, key) != NULL;
+}
+
+struct copt {
+    char *key, *value;
+};
+
+static void free_copts(struct copt *o, int n)
+{
+    for (int i = 0; i < n; i++) {
+        free(o[i].key);
+        free(o[i].value);
+    }
+    free(o);
+}
+
+static const char *last_value(const struct copt *o, int n, const char *key)
+{
+    for (int i = n - 1; i >= 0; i--) {
+        if (!strcmp(o[i].key, key)) {
+            return o[i].value;
+        }
+    }
+    return NULL;
+}
+
+/* Splits "k=v,flag,nok" (",," a literal comma) and checks each value
+ * against its type, with qemu's messages (prefixed "<file>: "). */
+static int parse_create_options(const char *filename, const char *fmt,
+                                const char *s, struct copt **out, int *nout)
+{
+    struct copt *v = NULL;
+    int n = 0;
+    const char *p = s;
+
+    while (*p) {
+        size_t klen = strcspn(p, "=,");
+        char *key, *val;
+        if (p[klen] == '=') {
+            key = bi_xasprintf("%.*s", (int)klen, p);
+            p += klen + 1;
+            size_t cap = strlen(p) + 1, m = 0;
+            val = bi_xmalloc(cap);
+            while (*p) {
+                if (*p == ',') {
+                    if (p[1] == ',') {
+                        val[m++] = ',';
+                        p += 2;
+                        continue;
+                    }
+                    break;
+                }
+                val[m++] = *p++;
+            }
+            val[m] = 0;
+        } else {
+            key = bi_xasprintf("%.*s", (int)klen, p);
+            p += klen;
+            if (!strncmp(key, "no", 2)) {
+                memmove(key, key + 2, strlen(key + 2) + 1);
+                val = bi_xstrdup("off");
+            } else {
+                val = bi_xstrdup("on");
+            }
+        }
+        if (*p == ',') {
+            p++;
+        }
+        v = realloc(v, sizeof(*v) * (size_t)(n + 1));
+        if (!v) {
+            abort();
+        }
+        v[n].key = key;
+        v[n].value = val;
+        n++;
+
+        const struct create_opt_desc *d = find_opt(fmt, key);
+        if (!d) {
+            tool_error("%s: Invalid parameter '%s'", filename, key);
+            goto fail;
+        }
+        if (!strcmp(d->type, "size")) {
+            uint64_t x;
+            if (bi_parse_size(val, &x) < 0) {
+                tool_error("%s: Parameter '%s' expects a non-negative number "
+                           "below 2^64",
+                           filename, key);
+                fprintf(stderr, "Optional suffix k, M, G, T, P or E means "
+                                "kilo-, mega-, giga-, tera-, peta-\n"
+                                "and exabytes, respectively.\n");
+                goto fail;
+            }
+        } else if (!strcmp(d->type, "num")) {
+            char *end;
+            errno = 0;
+            strtoull(val, &end, 0);
+            if (errno || end == val || *end || strchr(val, '-')) {
+                tool_error("%s: Parameter '%s' expects a number", filename,
+                           key);
+                goto fail;
+            }
+        } else if (!strcmp(d->type, "bool (on/off)")) {
+            if (strcmp(val, "on") && strcmp(val, "off") && strcmp(val, "yes") &&
+                strcmp(val, "no") && strcmp(val, "true") &&
+                strcmp(val, "false") && strcmp(val, "y") && strcmp(val, "n")) {
+                tool_error("%s: Parameter '%s' expects 'on' or 'off'", filename,
+                           key);
+                goto fail;
+            }
+        }
+    }
+    *out = v;
+    *nout = n;
+    return 0;
+fail:
+    free_copts(v, n);
+    return -1;
+}
+
+/* The library's open message is "Could not open '<file>': <cause>". */
+static const char *open_cause(const char *msg, const char *file)
+{
+    char *pre = bi_xasprintf("Could not open '%s': ", file);
+    size_t l = strlen(pre);
+    const char *r = strncmp(msg, pre, l) ? msg : msg + l;
+    free(pre);
+    return r;
+}
+
+/* qemu's has_help_option(): an element "help" or "?" in the list. */
+static bool has_help_option(const char *s)
+{
+    const char *p = s;
+    while (*p) {
+        size_t cap = strlen(p) + 1, n = 0;
+        char *v = bi_xmalloc(cap);
+        while (*p) {
+            if (*p == ',') {
+                if (p[1] == ',') {
+                    v[n++] = ',';
+                    p += 2;
+                    continue;
+                }
+                break;
+            }
+            v[n++] = *p++;
+        }
+        v[n] = 0;
+        if (*p) {
+            p++;
+        }
+        bool help = !strcmp(v, "help") || !strcmp(v, "?");
+        free(v);
+        if (help) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* qemu's is_valid_option_list(). */
+static bool valid_option_list(const char *s)
+{
+    size_t len = strlen(s), i;
+    if (!s[0] || s[0] == ',') {
+        return false;
+    }
+    for (i = len; i > 0 && s[i - 1] == ','; i--) {
+    }
+    return (len - i) % 2 == 0;
+}
+
+/* Path of a backing file as the image will resolve it: relative names are
+ * relative to the image's directory. */
+static char *backing_path(const char *image, const char *backing)
+{
+    const char *slash = strrchr(image, '/');
+    if (backing[0] == '/' || !slash) {
+        return bi_xstrdup(backing);
+    }
+    return bi_xasprintf("%.*s%s", (int)(slash - image + 1), image, backing);
+}
+
+int img_create(int argc, char **argv)
+{
+    static const struct option long_options[] = {
+        {"help", no_argument, 0, 'h'},
+        {"object", required_argument, 0, 'O'},
+        {0, 0, 0, 0},
+    };
+    const char *fmt = "raw", *base_fmt = NULL, *base_filename = NULL;
+    const char *filename;
+    char *options = NULL;
+    bool quiet = false, unsafe = false;
+    uint64_t img_size = 0;
+    bool size_set = false;
+    int c, ret = 1;
+
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":F:b:f:ho:qu", long_options, NULL)) !=
+           -1) {
+        switch (c) {
+        case ':':
+        case '?':
+            tool_getopt_error(c, argv);
+        case 'h':
+            img_help();
+        case 'F':
+            base_fmt = optarg;
+            break;
+        case 'b':
+            base_filename = optarg;
+            break;
+        case 'f':
+            fmt = optarg;
+            break;
+        case 'o':
+            if (!valid_option_list(optarg)) {
+                tool_error("Invalid option list: %s", optarg);
+                goto out;
+            }
+            if (!options) {
+                options = bi_xstrdup(optarg);
+            } else {
+                char *n = bi_xasprintf("%s,%s", options, optarg);
+                free(options);
+                options = n;
+            }
+            break;
+        case 'q':
+            quiet = true;
+            break;
+        case 'u':
+            unsafe = true;
+            break;
+        case 'O':
+            tool_error("--object is not supported");
+            goto out;
+        }
+    }
+
+    filename = optind < argc ? argv[optind] : NULL;
+    if (options && has_help_option(options)) {
+        ret = print_option_help(filename, fmt);
+        goto out;
+    }
+    if (optind >= argc) {
+        tool_error_exit("Expecting image file name");
+    }
+    optind++;
+
+    if (optind < argc) {
+        int64_t sval = tool_cvtnum("image size", argv[optind++]);
+        if (sval < 0) {
+            goto out;
+        }
+        img_size = (uint64_t)sval;
+        size_set = true;
+    }
+    if (optind != argc) {
+        tool_error_exit("Unexpected argument: %s", argv[optind]);
+    }
+
+    bi_error err;
+    bi_error_init(&err);
+
+    if (bi_format_exists(fmt) < 0 || !format_opts(fmt)) {
+        tool_error("%s: Unknown file format '%s'", filename, fmt);
+        goto out;
+    }
+
+    /* Parse and check -o as qemu's bdrv_img_create() does, before
+     * anything is printed or created. */
+    struct copt *ol = NULL;
+    int n_ol = 0;
+    if (options &&
+        parse_create_options(filename, fmt, options, &ol, &n_ol) < 0) {
+        goto out_opts;
+    }
+    const char *size_opt = last_value(ol, n_ol, "size");
+    if (size_opt) {
+        if (size_set) {
+            tool_error("%s: The image size must be specified only once",
+                       filename);
+            goto out_opts;
+        }
+        bi_parse_size(size_opt, &img_size);
+        size_set = true;
+    }
+    if (base_filename) {
+        if (!has_opt(fmt, "backing_file")) {
+            tool_error("%s: Backing file not supported for file format '%s'",
+                       filename, fmt);
+            goto out_opts;
+        }
+    } else {
+        base_filename = last_value(ol, n_ol, "backing_file");
+    }
+    if (base_fmt) {
+        if (!has_opt(fmt, "backing_fmt")) {
+            tool_error("%s: Backing file format not supported for file "
+                       "format '%s'",
+                       filename, fmt);
+            goto out_opts;
+        }
+    } else {
+        base_fmt = last_value(ol, n_ol, "backing_fmt");
+    }
+    if (base_filename) {
+        if (!strcmp(filename, base_filename)) {
+            tool_error("%s: Error: Trying to create an image with the same "
+                       "filename as the backing file",
+                       filename);
+            goto out_opts;
+        }
+        if (!base_filename[0]) {
+            tool_error("%s: Expected backing file name, got empty string",
+                       filename);
+            goto out_opts;
+        }
+    }
+    if (base_filename && !unsafe) {
+        /* qemu-img opens the backing file: to check it, to see that its
+         * format was given, and for the size when none was given */
+        struct bi_open_opts bo;
+        char *bpath = backing_path(filename, base_filename);
+        bi_open_opts_init(&bo);
+        bo.format = base_fmt;
+        bo.force_share = true;
+        bo.quiet_probe = true;
+        bi_node *b = bi_open(bpath, &bo, &err);
+        if (!b) {
+            fflush(stdout);
+            fprintf(stderr, "%s: %s: %s\nCould not open backing image.\n",
+                    tool_prog, filename, open_cause(err.msg, bpath));
+            free(bpath);
+            goto out_opts;
+        }
+        free(bpath);
+        if (!base_fmt) {
+            fflush(stdout);
+            fprintf(stderr,
+                    "%s: %s: Backing file specified without backing format\n"
+                    "Detected format of %s.",
+                    tool_prog, filename, bi_node_format(b));
+            bi_close(b, NULL);
+            goto out_opts;
+        }
+        if (!size_set) {
+            int64_t len = bi_getlength(b);
+            if (len < 0) {
+                tool_error("%s: Could not get size of '%s': %s", filename,
+                           base_filename, strerror((int)-len));
+                bi_close(b, NULL);
+                goto out_opts;
+            }
+            img_size = (uint64_t)len;
+            size_set = true;
+        }
+        bi_close(b, NULL);
+        bi_error_init(&err);
+    } else if (base_filename && !base_fmt) {
+        tool_error("%s: Backing file specified without backing format",
+                   filename);
+        goto out_opts;
+    }
+    if (!size_set) {
+        tool_error("%s: Image creation needs a size parameter", filename);
+        goto out_opts;
+    }
+
+    /* the rest of the -o list (without size) as "key=value" strings */
+    char **strv = bi_xzalloc(sizeof(char *) * (size_t)(n_ol + 1));
+    int ns = 0;
+    for (int i = 0; i < n_ol; i++) {
+        if (strcmp(ol[i].key, "size") && strcmp(ol[i].key, "backing_file") &&
+            strcmp(ol[i].key, "backing_fmt")) {
+            strv[ns++] = bi_xasprintf("%s=%s", ol[i].key, ol[i].value);
+        }
+    }
+
+    struct bi_create_opts co;
+    memset(&co, 0, sizeof(co));
+    co.format = fmt;
+    co.size = img_size;
+    co.size_set = true;
+    co.options = (const char *const *)strv;
+    co.backing_file = base_filename;
+    co.backing_fmt = base_fmt;
+    co.quiet = quiet;
+    if (bi_create(filename, &co, &err) < 0) {
+        size_t l = strlen(filename);
+        if (!strncmp(err.msg, filename, l) && !strncmp(err.msg + l, ": ", 2)) {
+            tool_error("%s", err.msg);
+        } else {
+            tool_error("%s: %s", filename,
+                       err.msg[0] ? err.msg : strerror(-err.code));
+        }
+    } else {
+        ret = 0;
+    }
+    for (int i = 0; i < ns; i++) {
+        free(strv[i]);
+    }
+    free(strv);
+out_opts:
+    free_copts(ol, n_ol);
+out:
+    free(options);
+    return ret;
+}

@@ -1,0 +1,128 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Plumbing shared by the blkimg subcommands (and usable by blkimg-io):
+ * qemu-img style error messages, size arguments, --output parsing,
+ * opening images from -f/-t/-U/--image-opts, and QEMU-ordered JSON.
+ */
+#ifndef BI_TOOLS_COMMON_H
+#define BI_TOOLS_COMMON_H
+
+#include "blkimg/blkimg.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ------------------------------------------------------------ messages */
+
+/* Program name for messages: basename(argv[0]), set by tool_init(). */
+extern const char *tool_prog;
+void tool_init(const char *argv0);
+
+/* "prog: message\n" on stderr (qemu's error_report). */
+void tool_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* tool_error() plus "Try 'prog --help' for more information"; exits 1
+ * (qemu-img's error_exit). */
+void tool_error_exit(const char *fmt, ...)
+    __attribute__((format(printf, 1, 2), noreturn));
+/* Handles getopt_long's ':' (missing argument) and '?' (unknown option)
+ * returns as qemu-img 7.2 does; optstrings must start with ':'. Exits. */
+void tool_getopt_error(int c, char **argv) __attribute__((noreturn));
+
+/* ------------------------------------------------------------- numbers */
+
+/* qemu-img's cvtnum_full(): parses a size argument ("1G", "1.5k", "0x10")
+ * and prints "Invalid <name> specified. ..." on error. Returns the value
+ * or a negative errno. */
+int64_t tool_cvtnum_full(const char *name, const char *value, int64_t min,
+                         int64_t max);
+int64_t tool_cvtnum(const char *name, const char *value);
+/* qemu_strtoul(s, NULL, 0, &res) semantics: whole string, base 0, a
+ * leading '-' negates (as strtoul), errors -EINVAL / -ERANGE. */
+int tool_strtoul(const char *s, unsigned long *res);
+
+/* --------------------------------------------------------------- output */
+
+enum tool_output { TOOL_OUTPUT_HUMAN, TOOL_OUTPUT_JSON };
+/* Parses the --output argument (NULL: human). On error prints qemu-img's
+ * "--output must be used with human or json as argument." and returns -1. */
+int tool_parse_output(const char *s, enum tool_output *out);
+
+/* ------------------------------------------------------- opening images */
+
+struct tool_image {
+    const char *filename; /* as given (the option string with image_opts) */
+    const char *fmt;      /* -f, or NULL */
+    bool image_opts;      /* --image-opts */
+    enum bi_cache cache;  /* -t, default writeback */
+    bool cache_set;
+    bool read_write;
+    bool force_share; /* -U */
+    bool no_backing;
+    bool quiet_probe;
+    bool aio_set; /* aio chosen (-i or image options) */
+    enum bi_aio aio;
+};
+void tool_image_init(struct tool_image *ti);
+
+/* Parsed --image-opts string (QEMU dotted keys). */
+struct tool_image_opts {
+    char *driver;   /* "driver" */
+    char *filename; /* "file.filename", or "filename" with driver=file */
+    bool has_direct, direct;     /* cache.direct */
+    bool has_no_flush, no_flush; /* cache.no-flush */
+    bool has_force_share, force_share;
+    bool has_read_only, read_only;
+    bool has_locking, locking; /* locking / file.locking */
+    bool has_aio;
+    enum bi_aio aio;    /* aio / file.aio */
+    char **driver_opts; /* other keys "k=v", NULL-terminated */
+    int n_driver_opts;
+};
+/* Parses s; on error prints "<prefix>: ..."-less qemu text (see .c) and
+ * returns -EINVAL. */
+int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
+                          char *errbuf, size_t errlen);
+void tool_image_opts_free(struct tool_image_opts *io);
+
+/* Opens an image as qemu-img's img_open(); prints the error and returns
+ * NULL on failure. Selects the aio engine when asked. */
+bi_node *tool_open(const struct tool_image *ti);
+
+/* blkimg's --help text (defined in blkimg.c; blkimg only); exits 0. */
+void img_help(void) __attribute__((noreturn));
+
+/* Prints "prog: <err.msg>" for a failed bi_* call. */
+void tool_report(const bi_error *err);
+
+/* -------------------------------------------------- QEMU-ordered JSON */
+
+/*
+ * A small QObject tree. Dictionaries print their members in the order
+ * QEMU's QDict iterates them (hash bucket order), which is the order
+ * qemu-img's JSON output and "Format specific information" show.
+ */
+enum qobj_type { QOBJ_INT, QOBJ_STR, QOBJ_BOOL, QOBJ_DICT, QOBJ_LIST };
+struct qobj;
+struct qobj *qobj_dict(void);
+struct qobj *qobj_list(void);
+struct qobj *qobj_int(int64_t v);
+struct qobj *qobj_uint(uint64_t v);
+struct qobj *qobj_str(const char *s);
+struct qobj *qobj_bool(bool v);
+/* Parses a JSON text (objects, arrays, strings, integers, true/false);
+ * returns NULL on syntax errors. */
+struct qobj *qobj_from_json(const char *text);
+/* Takes ownership of v. */
+void qobj_put(struct qobj *dict, const char *key, struct qobj *v);
+void qobj_append(struct qobj *list, struct qobj *v);
+struct qobj *qobj_get(const struct qobj *dict, const char *key);
+void qobj_free(struct qobj *o);
+/* qobject_to_json_pretty() + "\n". */
+void qobj_print_json(FILE *out, const struct qobj *o);
+/* qemu's dump_qobject() for the human "Format specific information". */
+void qobj_print_human(FILE *out, int indentation, const struct qobj *o);
+/* JSON string literal as QEMU writes it. */
+void qobj_print_string(FILE *out, const char *s);
+
+#endif
