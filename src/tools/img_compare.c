@@ -30,7 +30,7 @@ bi_node *cv_open(const char *filename, const char *fmt, bool image_opts,
 #define SECTOR 512ULL
 #define STRICT_MASK                                                            \
     (BI_BS_DATA | BI_BS_ZERO | BI_BS_ALLOCATED | BI_BS_OFFSET_VALID |          \
-     BI_BS_COMPRESSED)
+     BI_BS_COMPRESSED | BI_BS_EOF)
 
 static bool quiet;
 
