@@ -638,15 +638,13 @@ static int read_f(int argc, char **argv)
         }
     }
 
-    buf = io_alloc((size_t)count, 0xab);
+    /* No buffer for a request that cannot be served (up to 2 GiB). */
+    ret = bflag ? -ENOTSUP /* no VM state in blkimg images */
+                : check_range(offset, (uint64_t)count);
+    buf = ret == 0 ? io_alloc((size_t)count, 0xab) : NULL;
     now(&t1);
-    if (bflag) {
-        ret = -ENOTSUP; /* no VM state in blkimg images */
-    } else {
-        ret = check_range(offset, (uint64_t)count);
-        if (ret == 0) {
-            ret = bi_pread(g_node, (uint64_t)offset, buf, (size_t)count);
-        }
+    if (ret == 0) {
+        ret = bi_pread(g_node, (uint64_t)offset, buf, (size_t)count);
     }
     now(&t2);
     collect();
@@ -939,13 +937,17 @@ static int write_f(int argc, char **argv)
             return -EINVAL;
         }
     }
+    /* (beyond IO_MAX_BYTES only with -z -n, checked above) */
+    ret = bflag ? -ENOTSUP /* no VM state in blkimg images */
+                : check_range(offset, (uint64_t)count);
     if (!zflag) {
         if (sflag) {
             buf = io_alloc_from_file((size_t)count, file_name);
             if (!buf) {
                 return -EINVAL;
             }
-        } else {
+        } else if (ret == 0) {
+            /* no buffer for a request that cannot be served */
             buf = io_alloc((size_t)count, pattern);
         }
     }
@@ -954,23 +956,14 @@ static int write_f(int argc, char **argv)
     }
 
     now(&t1);
-    if (bflag) {
-        ret = -ENOTSUP; /* no VM state in blkimg images */
-    } else {
-        /* (beyond IO_MAX_BYTES only with -z -n, checked above) */
-        ret = check_range(offset, (uint64_t)count);
-        if (ret == 0) {
-            if (zflag) {
-                ret = bi_pwrite_zeroes(g_node, (uint64_t)offset,
-                                       (uint64_t)count, flags);
-            } else if (cflag) {
-                ret = bi_pwrite_compressed(g_node, (uint64_t)offset, buf,
-                                           (size_t)count);
-            } else {
-                ret = bi_pwrite(g_node, (uint64_t)offset, buf, (size_t)count,
-                                flags);
-            }
-        }
+    if (ret == 0 && zflag) {
+        ret =
+            bi_pwrite_zeroes(g_node, (uint64_t)offset, (uint64_t)count, flags);
+    } else if (ret == 0 && cflag) {
+        ret =
+            bi_pwrite_compressed(g_node, (uint64_t)offset, buf, (size_t)count);
+    } else if (ret == 0) {
+        ret = bi_pwrite(g_node, (uint64_t)offset, buf, (size_t)count, flags);
     }
     now(&t2);
     collect();
@@ -1985,6 +1978,7 @@ static void print_stats(bi_node *n)
     }
     bi_node_stats(file, &st);
     printf("stats for '%s' (protocol node):\n", bi_node_filename(file));
+    printf("  aio engine: %s\n", bi_aio_engine_name());
     printf("  io calls: %" PRIu64 "\n", st.io_calls);
     printf("  bytes read: %" PRIu64 "\n", st.bytes_read);
     printf("  bytes written: %" PRIu64 "\n", st.bytes_written);

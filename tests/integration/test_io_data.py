@@ -232,6 +232,22 @@ def test_stats(tmp_path, blkimg_io):
             cp.stdout.split("stats for ")[1:]] == [1, 2]
 
 
+@pytest.mark.parametrize("aio", ["threads", "io_uring"])
+def test_stats_engine(tmp_path, blkimg_io, aio):
+    path = tmp_path / "e.img"
+    run(["qemu-img", "create", "-q", "-f", "raw", path, "1M"])
+    cp = run([blkimg_io, "--stats", "-i", aio, "-f", "raw", "-t", "none",
+              "-c", "aio_write -q -P 1 0 4k", "-c", "aio_write -q -P 2 4k 4k",
+              "-c", "aio_flush", "-c", "read -q -P 1 0 4k", path])
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    engine = re.search(r"^  aio engine: (\S+)$", cp.stdout, re.M).group(1)
+    if aio == "io_uring" and engine == "threads":
+        pytest.skip("io_uring not available here")
+    assert engine == aio
+    s = stats(cp.stdout)
+    assert s["bytes written"] == 8192 and s["bytes read"] == 4096
+
+
 def test_stats_in_help(blkimg_io):
     cp = run([blkimg_io, "--help"])
     assert cp.returncode == 0 and "--stats" in cp.stdout
