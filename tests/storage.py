@@ -431,13 +431,29 @@ def build_helper(build_dir, out_dir):
     exe = os.path.join(str(out_dir), "bi_storage_helper")
     with open(src, "w") as f:
         f.write(HELPER_SOURCE)
+    san = []
+    try:
+        import json
+        with open(os.path.join(build_dir, "meson-info",
+                               "intro-buildoptions.json")) as f:
+            for o in json.load(f):
+                if o.get("name") == "b_sanitize" and \
+                        o.get("value") not in (None, "", "none"):
+                    san = ["-fsanitize=" + o["value"]]
+    except (OSError, ValueError):
+        pass
     cp = subprocess.run(
-        ["cc", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Werror",
+        ["cc", "-std=c11", "-D_GNU_SOURCE", "-Wall", "-Werror", *san,
          "-I" + os.path.join(repo, "include"), src, "-o", exe,
          "-L" + build_dir, "-lblkimg", "-Wl,-rpath," + build_dir],
         capture_output=True, text=True)
     if cp.returncode != 0:
         pytest.fail("cannot build the libblkimg helper:\n" + cp.stderr)
+    if san:
+        # Sanitized build: any UBSan report must fail the helper (ASan
+        # and LeakSanitizer already exit non-zero).
+        os.environ.setdefault("UBSAN_OPTIONS",
+                              "halt_on_error=1:print_stacktrace=1")
     return exe
 
 
