@@ -62,8 +62,12 @@ static int uring_init(struct bi_engine *e, unsigned depth)
         depth = 128;
     }
     /* Cooperative task running avoids interrupting the submitter to post
-     * completions; older kernels reject the flag, so retry without. */
-    r = io_uring_queue_init(depth, &u->ring, IORING_SETUP_COOP_TASKRUN);
+     * completions; with the task-run flag the kernel tells (in the SQ
+     * flags) when completions wait to be posted, and liburing's peek then
+     * enters the kernel, so non-blocking polls still see every completion.
+     * Kernels before 5.19 reject the flags: retry without. */
+    r = io_uring_queue_init(
+        depth, &u->ring, IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG);
     if (r == -EINVAL) {
         r = io_uring_queue_init(depth, &u->ring, 0);
     }
