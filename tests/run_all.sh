@@ -107,7 +107,9 @@ fi
 
 # --- ASan + UBSan build ------------------------------------------------------
 if [ "${BLKIMG_NO_ASAN:-0}" != 1 ]; then
-    if build "$ASAN_BUILD" -Db_sanitize=address,undefined; then
+    # Warnings are enforced by the normal build; GCC's -O2 warnings under
+    # the sanitizers include known false positives (stringop-overread...).
+    if build "$ASAN_BUILD" -Db_sanitize=address,undefined -Dwerror=false; then
         record "build ($ASAN_BUILD)" 0 0 0
         (
             export ASAN_OPTIONS=$ASAN_OPTIONS_CHECK
