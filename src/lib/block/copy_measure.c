@@ -265,7 +265,9 @@ static int measure_qcow2(const char *const *opts, bi_node *src,
                     return ret;
                 }
                 pnum = st.len ? st.len : (uint64_t)ssize - off;
-                if (st.flags & BI_BS_ZERO) {
+                /* DATA|ZERO: a data cluster over a host file hole, data to
+                 * qemu (it does not look into the host file) */
+                if ((st.flags & BI_BS_ZERO) && !(st.flags & BI_BS_DATA)) {
                     /* zero: nothing needed */
                 } else if ((st.flags & (BI_BS_DATA | BI_BS_ALLOCATED)) ==
                            (BI_BS_DATA | BI_BS_ALLOCATED)) {
