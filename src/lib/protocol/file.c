@@ -121,7 +121,13 @@ static int64_t fd_size(int fd, bool is_blk)
     if (is_blk) {
         uint64_t sz;
         if (ioctl(fd, BLKGETSIZE64, &sz) < 0) {
-            return -errno;
+            off_t end;
+            if (errno != ENOTTY) {
+                return -errno;
+            }
+            /* A character device: whatever lseek says, else empty. */
+            end = lseek(fd, 0, SEEK_END);
+            return end < 0 ? 0 : (int64_t)end;
         }
         return (int64_t)sz;
     }
@@ -234,15 +240,15 @@ static int file_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
         bi_error_set(err, ret, "Could not stat '%s'", n->filename);
         goto fail;
     }
-    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode)) {
+    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode) && !S_ISCHR(st.st_mode)) {
         ret = -EINVAL;
-        bi_error_set(err, 0,
-                     "'file' driver requires '%s' to be a regular file or a "
-                     "block device",
+        bi_error_set(err, 0, "'file' driver requires '%s' to be a regular file",
                      n->filename);
         goto fail;
     }
-    s->is_blk = S_ISBLK(st.st_mode);
+    /* Character devices (e.g. /dev/null) are served like block devices,
+     * as QEMU's host_device does. */
+    s->is_blk = S_ISBLK(st.st_mode) || S_ISCHR(st.st_mode);
 
     if (s->is_blk && o->read_write) {
         int ro = 0;
@@ -916,9 +922,7 @@ static int file_create(const char *filename, const struct bi_create_opts *o,
     }
     if (!S_ISREG(st.st_mode)) {
         ret = -EINVAL;
-        bi_error_set(err, 0,
-                     "'file' driver requires '%s' to be a regular file or a "
-                     "block device",
+        bi_error_set(err, 0, "'file' driver requires '%s' to be a regular file",
                      filename);
         goto out;
     }
@@ -1021,6 +1025,10 @@ static int file_storage_info(bi_node *n, struct bi_storage_info *out)
     out->page_size = (uint32_t)bi_page_size();
     if (fstat(s->fd, &st) < 0) {
         return -errno;
+    }
+    if (S_ISCHR(st.st_mode)) {
+        snprintf(out->filesystem, sizeof(out->filesystem), "character device");
+        return 0;
     }
     if (s->is_blk) {
         int lss = 0;
