@@ -220,3 +220,15 @@ def test_missing_file_error(storage_disk, bi_helper):
     assert cp.returncode == 1
     assert cp.stderr == ("helper: Could not open '%s': Could not open '%s': "
                          "No such file or directory\n" % (path, path))
+
+
+def test_directory_error_matches_qemu(storage_disk, bi_helper, qemu_img):
+    d = storage_disk.dir
+    cp = subprocess.run([bi_helper, "-r", d, "limits"], capture_output=True,
+                        text=True)
+    q = subprocess.run([qemu_img, "info", d], capture_output=True, text=True)
+    assert cp.returncode == q.returncode == 1
+    want = "Could not open '%s': 'file' driver requires '%s' to be a " \
+        "regular file\n" % (d, d)
+    assert cp.stderr == "helper: " + want
+    assert q.stderr == "qemu-img: " + want
