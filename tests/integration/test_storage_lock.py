@@ -185,3 +185,52 @@ def test_qcow2_writer_refuses_sharing_writes(qcow2_image, bi_helper):
     assert ours.stderr == "helper: Could not open '%s': Failed to get " \
         "shared \"write\" lock\n%s\n" % (path, HINT % path)
     assert ours_u.returncode == 0, ours_u.stderr
+
+
+def strip_prog(s, prog):
+    assert s.startswith(prog + ": "), s
+    return s[len(prog) + 2:]
+
+
+def test_tools_refused_like_qemu_tools(qcow2_image, blkimg, blkimg_io):
+    """While qemu-io writes the image: blkimg info / blkimg-io fail exactly
+    as qemu-img info / qemu-io do (exit code, both lines); -U works."""
+    path = qcow2_image
+    h = QemuIoHolder(path, "qcow2")
+    try:
+        ours = run(blkimg, "info", path)
+        theirs = run("qemu-img", "info", path)
+        ours_io = run(blkimg_io, "-c", "read 0 512", path)
+        theirs_io = run("qemu-io", "-c", "read 0 512", path)
+        ours_u = run(blkimg, "info", "-U", path)
+    finally:
+        h.close()
+    assert ours.returncode == theirs.returncode == 1
+    assert strip_prog(ours.stderr, "blkimg") == \
+        strip_prog(theirs.stderr, "qemu-img")
+    assert ours.stdout == theirs.stdout == ""
+    assert ours_io.returncode == theirs_io.returncode == 1
+    assert strip_prog(ours_io.stderr, "blkimg-io") == \
+        strip_prog(theirs_io.stderr, "qemu-io")
+    assert ours_u.returncode == 0, ours_u.stderr
+
+
+def test_blkimg_io_writer_blocks_qemu(qcow2_image, blkimg_io):
+    path = qcow2_image
+    p = subprocess.Popen([blkimg_io, path], stdin=subprocess.PIPE,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_locked(path, 201)
+        theirs_io = run("qemu-io", "-c", "read 0 512", path)
+        theirs_info = run("qemu-img", "info", path)
+        theirs_u = run("qemu-img", "info", "-U", path)
+    finally:
+        p.stdin.close()
+        p.wait(timeout=30)
+    assert theirs_io.returncode == 1
+    assert theirs_io.stderr == "qemu-io: can't open device %s: Failed to " \
+        "get \"write\" lock\n%s\n" % (path, HINT % path)
+    assert theirs_info.returncode == 1
+    assert theirs_info.stderr == "qemu-img: Could not open '%s': Failed to " \
+        "get shared \"write\" lock\n%s\n" % (path, HINT % path)
+    assert theirs_u.returncode == 0
