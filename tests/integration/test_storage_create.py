@@ -13,7 +13,8 @@ import pytest
 
 import storage
 from storage import (bi_helper, file_storage, storage_disk,  # noqa: F401
-                     storage_ext4_4k, storage_loop_4k, storage_xfs_4k)
+                     storage_ext4_4k, storage_loop_4k, storage_ramfs,
+                     storage_xfs_4k)
 
 MiB = 1024 * 1024
 pytestmark = [pytest.mark.root, pytest.mark.qemu]
@@ -213,3 +214,33 @@ def test_block_device_create(storage_loop_4k, bi_helper):
     with open(dev, "rb") as f:
         head = f.read(8192)
     assert head == b"\0" * 512 + b"\x99" * (8192 - 512)
+
+
+@pytest.mark.parametrize("opts", [[], ["-o", "preallocation=falloc"],
+                                  ["-o", "preallocation=full"]])
+def test_blkimg_create_map_matches_qemu_img(file_storage, blkimg, opts):
+    """The tool end to end: `blkimg create -f raw` leaves the map
+    `qemu-img create -f raw` leaves (first block allocated)."""
+    st = file_storage
+    ours, theirs = st.path("ours.img"), st.path("theirs.img")
+    a = run(blkimg, "create", "-f", "raw", *opts, ours, "64M")
+    b = run("qemu-img", "create", "-f", "raw", *opts, theirs, "64M")
+    assert a.stdout.replace(ours, "X") == b.stdout.replace(theirs, "X")
+    assert qmap(ours) == qmap(theirs)
+    if not opts:
+        assert first_extent(qmap(ours)) == (0, 4096, True, False)
+
+
+def test_blkimg_io_o_direct_refused(storage_ramfs, blkimg_io):
+    path = storage_ramfs.path("x.img")
+    with open(path, "wb") as f:
+        f.truncate(MiB)
+    a = run(blkimg_io, "-f", "raw", "-t", "none", "-c", "read 0 512", path,
+            check=False)
+    b = run("qemu-io", "-f", "raw", "-t", "none", "-c", "read 0 512", path,
+            check=False)
+    assert a.returncode == b.returncode == 1
+    assert a.stdout == b.stdout == ""
+    assert a.stderr.count("\n") == 1, a.stderr
+    assert "filesystem does not support O_DIRECT: Invalid argument" in \
+        a.stderr
