@@ -109,6 +109,59 @@ int main(void)
     ok(bi_iov_aligned(al, 2, 256, 512), "base aligned to a smaller unit");
     ok(bi_iov_aligned(al, 0, 4096, 4096), "empty vector is aligned");
 
+    /* ---- randomised: slice/copy against a flat reference ---- */
+    {
+        unsigned char pool[4096], ref[4096], tmp[4096];
+        unsigned seed = 12345;
+        int failures = 0;
+
+        for (int round = 0; round < 2000; round++) {
+            struct iovec v[8], part[8];
+            int cnt = 1 + (int)((seed = seed * 1103515245 + 12345) >> 16) % 8;
+            size_t used = 0;
+
+            for (int i = 0; i < cnt; i++) {
+                size_t len = ((seed = seed * 1103515245 + 12345) >> 16) % 300;
+                v[i].iov_base = pool + used;
+                v[i].iov_len = len;
+                used += len;
+            }
+            fill(pool, used, (unsigned)round);
+            memcpy(ref, pool, used);
+            uint64_t off =
+                used ? ((seed = seed * 1103515245 + 12345) >> 16) % (used + 1)
+                     : 0;
+            uint64_t len =
+                ((seed = seed * 1103515245 + 12345) >> 16) % (used - off + 1);
+            int np = bi_iov_slice(v, cnt, off, len, part, 8);
+            if (np < 0 || bi_iov_size(part, np) != len) {
+                failures++;
+                continue;
+            }
+            for (int i = 0; i < np; i++) {
+                if (part[i].iov_len == 0) {
+                    failures++;
+                }
+            }
+            bi_iov_to_buf(part, np, 0, tmp, len);
+            if (memcmp(tmp, ref + off, len) != 0) {
+                failures++;
+            }
+            bi_iov_to_buf(v, cnt, off, tmp, len);
+            if (memcmp(tmp, ref + off, len) != 0) {
+                failures++;
+            }
+            /* Write through the slice; only [off, off+len) changes. */
+            memset(tmp, 0x5A, len);
+            bi_iov_from_buf(part, np, 0, tmp, len);
+            memset(ref + off, 0x5A, len);
+            if (memcmp(pool, ref, used) != 0) {
+                failures++;
+            }
+        }
+        is_int(failures, 0, "2000 random slices and copies match a flat copy");
+    }
+
     /* ---- zero detection ---- */
     memset(big, 0, 3 * ps);
     ok(bi_buf_is_zero(big, 3 * ps), "zero buffer");
