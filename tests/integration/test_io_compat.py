@@ -375,3 +375,23 @@ def test_probed_raw_protects_block0(pair):
     pair.compare(["-f", "raw"] + cmds("write -s qfi.bin 0 512",
                                       "read -v 0 8") + ["a.img"],
                  files=["a.img"])
+
+
+def test_stdin_empty(pair):
+    pair.compare([], stdin="")
+    pair.compare(["-f", "raw", "a.img"], stdin="\n\n")
+
+
+def test_stdin_long_line(pair):
+    # Lines are read 1023 bytes at a time: a longer one is two commands.
+    line = "read -v 0 4" + " " * 1100 + "length"
+    pair.compare(["-f", "raw", "a.img"], stdin=line + "\nlength\r\n")
+
+
+@pytest.mark.parametrize("script", [
+    ["write -P 1 0 1", "sigraise 15", "read 0 1"],
+    ["write -P 2 0 1", "abort", "read 0 1"],
+    ["sigraise 100"], ["sigraise x"],
+], ids=["sigterm", "abort", "too-large", "bad"])
+def test_signals(pair, script):
+    pair.compare(["-f", "raw"] + cmds(*script) + ["a.img"], files=["a.img"])
