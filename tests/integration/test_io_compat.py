@@ -395,3 +395,25 @@ def test_stdin_long_line(pair):
 ], ids=["sigterm", "abort", "too-large", "bad"])
 def test_signals(pair, script):
     pair.compare(["-f", "raw"] + cmds(*script) + ["a.img"], files=["a.img"])
+
+
+@pytest.mark.parametrize("opts", [
+    "lazy_refcounts=on", "compression_type=zstd", "extended_l2=on",
+    "refcount_bits=8,cluster_size=4096", "cluster_size=2M",
+    "extended_l2=on,cluster_size=2M", "data_file=d.raw",
+    "data_file=d.raw,data_file_raw=on", "compat=0.10,cluster_size=512",
+])
+def test_qcow2_variants(tmp_path, blkimg_io, qemu_io, opts):
+    p = Pair(tmp_path, blkimg_io, qemu_io)
+    import shutil
+    import subprocess
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-o", opts,
+                    "a.qcow2", "64M"], cwd=str(p.q), check=True)
+    for f in p.q.iterdir():
+        shutil.copyfile(f, p.b / f.name)
+    p.compare(cmds("write -P 1 0 64k", "write -P 2 1000000 3", "info", "map",
+                   "alloc 0 64M", "read -P 1 0 64k", "read -v 999999 5",
+                   "length") + ["a.qcow2"])
+    for f in p.q.iterdir():
+        if f.name.endswith(".raw"):
+            assert (p.b / f.name).read_bytes() == f.read_bytes()
