@@ -39,7 +39,7 @@ CASES = [
 
 @pytest.mark.parametrize("case", CASES)
 def test_dd_matches_qemu(qemu_img, blkimg, tmp_path, case):
-    src = make_raw(tmp_path / "s.raw", size=16 * MiB + 1000 * 512, seed=31)
+    src = make_raw(tmp_path / "s.raw", size=4 * MiB + 1000 * 512, seed=31)
     qsrc = tmp_path / "s.qcow2"
     subprocess.run([qemu_img, "convert", "-O", "qcow2", src, qsrc],
                    check=True)
