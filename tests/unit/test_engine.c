@@ -539,6 +539,15 @@ int main(void)
         run_work(engines[i]);
         run_chain(engines[i]);
     }
+    /* An over-large depth is capped, not refused. */
+    {
+        struct bi_engine e = {.ops = &bi_engine_uring_ops};
+        int r = e.ops->init(&e, 1u << 20);
+        is_int(r, 0, "io_uring: init with a huge depth is clamped");
+        if (r == 0) {
+            e.ops->cleanup(&e);
+        }
+    }
     run_refused(ENOSYS); /* kernel without io_uring */
     run_refused(EPERM);  /* kernel.io_uring_disabled=2 */
     return tap_done();

@@ -65,11 +65,20 @@ static int uring_init(struct bi_engine *e, unsigned depth)
      * completions; with the task-run flag the kernel tells (in the SQ
      * flags) when completions wait to be posted, and liburing's peek then
      * enters the kernel, so non-blocking polls still see every completion.
-     * Kernels before 5.19 reject the flags: retry without. */
-    r = io_uring_queue_init(
-        depth, &u->ring, IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG);
-    if (r == -EINVAL) {
-        r = io_uring_queue_init(depth, &u->ring, 0);
+     * CLAMP caps an over-large depth instead of failing. Older kernels
+     * reject newer flags with -EINVAL: retry with fewer. */
+    static const unsigned flag_sets[] = {
+        IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG |
+            IORING_SETUP_CLAMP,
+        IORING_SETUP_CLAMP,
+        0,
+    };
+    r = -EINVAL;
+    for (size_t i = 0; i < sizeof(flag_sets) / sizeof(flag_sets[0]); i++) {
+        r = io_uring_queue_init(depth, &u->ring, flag_sets[i]);
+        if (r != -EINVAL) {
+            break;
+        }
     }
     if (r < 0) {
         free(u);
