@@ -228,10 +228,16 @@ static int file_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
             }
             return -EINVAL;
         }
+        bi_error_set(err, ret, "Could not open '%s'", n->filename);
+        /* A read-only filesystem is a permission problem for callers (the
+         * message keeps the real cause), as in QEMU. */
         if (ret == -EROFS) {
             ret = -EACCES;
+            if (err) {
+                err->code = ret;
+            }
         }
-        return set_errno_error(err, ret, "Could not open '%s'", n->filename);
+        return ret;
     }
     s->open_flags = flags;
 
