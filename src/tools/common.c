@@ -177,8 +177,8 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
 {
     const char *p = s;
     bool first = true;
-    bool file_is_ref = false;
-    char *file_ref = NULL;
+    bool file_is_ref = false, file_given = false;
+    char *file_ref = NULL, *plain_filename = NULL;
 
     memset(io, 0, sizeof(*io));
     io->driver_opts = bi_xzalloc(sizeof(char *));
@@ -240,19 +240,23 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
             free(io->driver);
             io->driver = val;
             val = NULL;
-        } else if (!strcmp(key, "file.filename") || !strcmp(key, "filename")) {
+        } else if (!strcmp(key, "file.filename")) {
             free(io->filename);
             io->filename = val;
             val = NULL;
-            if (!strcmp(key, "filename")) {
-                file_is_ref = false;
-            }
+            file_given = true;
+        } else if (!strcmp(key, "filename")) {
+            free(plain_filename);
+            plain_filename = val;
+            val = NULL;
         } else if (!strcmp(key, "file")) {
             free(file_ref);
             file_ref = val;
             val = NULL;
             file_is_ref = true;
+            file_given = true;
         } else if (!strcmp(key, "file.driver")) {
+            file_given = true;
             if (strcmp(val, "file")) {
                 snprintf(errbuf, errlen, "Unknown driver '%s'", val);
                 bad = 1;
@@ -310,16 +314,41 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
             goto fail;
         }
     }
+    if (!io->driver && !file_given) {
+        snprintf(errbuf, errlen, "Must specify either driver or file");
+        goto fail;
+    }
+    if (io->driver && !strcmp(io->driver, "file")) {
+        /* the protocol node itself: "filename" names the file */
+        if (file_given) {
+            snprintf(errbuf, errlen,
+                     "Block protocol 'file' doesn't support the option "
+                     "'file'");
+            goto fail;
+        }
+        free(io->filename);
+        io->filename = plain_filename;
+        plain_filename = NULL;
+        if (!io->filename) {
+            snprintf(errbuf, errlen,
+                     "The 'file' block driver requires a "
+                     "file name");
+            goto fail;
+        }
+    } else if (plain_filename) {
+        io->driver_opts =
+            realloc(io->driver_opts, sizeof(char *) * (io->n_driver_opts + 2));
+        if (!io->driver_opts) {
+            abort();
+        }
+        io->driver_opts[io->n_driver_opts++] =
+            bi_xasprintf("filename=%s", plain_filename);
+        io->driver_opts[io->n_driver_opts] = NULL;
+    }
     if (file_is_ref && file_ref) {
         /* file=<name> names another node; we have no node names */
         snprintf(errbuf, errlen, "Cannot find device='%s' nor node-name='%s'",
                  file_ref, file_ref);
-        free(file_ref);
-        goto fail;
-    }
-    free(file_ref);
-    if (!io->driver && !io->filename) {
-        snprintf(errbuf, errlen, "Must specify either driver or file");
         goto fail;
     }
     if (!io->filename) {
@@ -327,10 +356,59 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
                  "A block device must be specified for \"file\"");
         goto fail;
     }
+    free(file_ref);
+    free(plain_filename);
     return 0;
 fail:
+    free(file_ref);
+    free(plain_filename);
     tool_image_opts_free(io);
     return -EINVAL;
+}
+
+/* Runtime options of the format drivers that the library takes (as
+ * driver_opts); anything else is refused as qemu refuses an unknown one. */
+static int check_driver_opts(const char *driver, char *const *opts,
+                             char *errbuf, size_t errlen)
+{
+    static const struct {
+        const char *driver, *key;
+        bool is_size;
+    } known[] = {
+        {"qcow2", "l2-cache-size", true},
+        {"qcow2", "refcount-cache-size", true},
+        {"qcow2", "data-file", false},
+    };
+    for (char *const *p = opts; p && *p; p++) {
+        const char *eq = strchr(*p, '=');
+        size_t kl = eq ? (size_t)(eq - *p) : strlen(*p);
+        bool ok = false;
+        for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
+            if (!strcmp(known[i].driver, driver) &&
+                strlen(known[i].key) == kl && !strncmp(known[i].key, *p, kl)) {
+                uint64_t v;
+                if (known[i].is_size && bi_parse_size(eq + 1, &v) < 0) {
+                    snprintf(errbuf, errlen,
+                             "Parameter '%.*s' expects a non-negative "
+                             "number below 2^64\n"
+                             "Optional suffix k, M, G, T, P or E means "
+                             "kilo-, mega-, giga-, tera-, peta-\n"
+                             "and exabytes, respectively.",
+                             (int)kl, *p);
+                    return -EINVAL;
+                }
+                ok = true;
+            }
+        }
+        if (!ok) {
+            snprintf(errbuf, errlen,
+                     "Block %s '%s' does not support the option '%.*s'",
+                     strcmp(driver, "file") ? "format" : "protocol", driver,
+                     (int)kl, *p);
+            return -EINVAL;
+        }
+    }
+    return 0;
 }
 
 /* The library's open message is "Could not open '<file>': <cause>"; with
@@ -370,8 +448,11 @@ bi_node *tool_open(const struct tool_image *ti)
             return NULL;
         }
         msg[0] = 0;
-        if (tool_parse_image_opts(ti->filename, &io, msg, sizeof(msg)) < 0) {
+        if (tool_parse_image_opts(ti->filename, &io, msg, sizeof(msg)) < 0 ||
+            (io.driver && check_driver_opts(io.driver, io.driver_opts, msg,
+                                            sizeof(msg)) < 0)) {
             tool_error("Could not open '%s': %s", ti->filename, msg);
+            tool_image_opts_free(&io);
             return NULL;
         }
         if (ti->force_share && io.has_force_share && !io.force_share) {
@@ -433,6 +514,17 @@ bi_node *tool_open(const struct tool_image *ti)
         }
     }
     n = bi_open(fname, &o, &err);
+    if (n && ti->image_opts && !io.driver) {
+        char msg[1024];
+        if (check_driver_opts(bi_node_format(n), io.driver_opts, msg,
+                              sizeof(msg)) < 0) {
+            tool_error("Could not open '%s': %s", ti->filename, msg);
+            bi_close(n, NULL);
+            n = NULL;
+            tool_image_opts_free(&io);
+            return NULL;
+        }
+    }
     if (!n) {
         if (ti->image_opts) {
             tool_error("Could not open '%s': %s", ti->filename,

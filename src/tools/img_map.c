@@ -112,8 +112,8 @@ int img_map(int argc, char **argv)
         {"object", required_argument, 0, 257},
         {"image-opts", no_argument, 0, 258},
         {"force-share", no_argument, 0, 'U'},
-        {"start-offset", required_argument, 0, 260},
-        {"max-length", required_argument, 0, 261},
+        {"start-offset", required_argument, 0, 's'},
+        {"max-length", required_argument, 0, 'l'},
         {0, 0, 0, 0},
     };
     const char *fmt = NULL, *output = NULL;
@@ -123,7 +123,8 @@ int img_map(int argc, char **argv)
     int c, ret = 0;
 
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":f:hU", long_options, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, ":f:s:l:hU", long_options, NULL)) !=
+           -1) {
         switch (c) {
         case ':':
         case '?':
@@ -139,13 +140,13 @@ int img_map(int argc, char **argv)
         case 256:
             output = optarg;
             break;
-        case 260:
+        case 's':
             start_offset = tool_cvtnum("start offset", optarg);
             if (start_offset < 0) {
                 return 1;
             }
             break;
-        case 261:
+        case 'l':
             max_length = tool_cvtnum("max length", optarg);
             if (max_length < 0) {
                 return 1;

@@ -1,0 +1,150 @@
+# SPDX-License-Identifier: MIT
+"""blkimg info vs qemu-img 7.2 info on the same files: human and JSON
+output (key order included), backing chains, snapshots, option parsing,
+errors and exit codes."""
+import json
+import os
+
+import pytest
+
+from test_img_helpers import compare, qemu, qemu_io, run
+
+pytestmark = pytest.mark.qemu
+
+
+@pytest.fixture(scope="module")
+def imgs(qemu_img, tmp_path_factory):
+    d = tmp_path_factory.mktemp("img")
+    qemu(qemu_img, "create", "-q", "-f", "raw", d / "a.raw", "1G")
+    qemu(qemu_img, "create", "-q", "-f", "raw", d / "small.raw", "1536")
+    qemu(qemu_img, "create", "-q", "-f", "raw", d / "empty.raw", "0")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", d / "b.qcow2", "1G")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", "-o",
+         "compat=0.10,cluster_size=4k", d / "v2.qcow2", "3M")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", "-o",
+         "lazy_refcounts=on,refcount_bits=64,extended_l2=on,cluster_size=128k",
+         d / "opts.qcow2", "100M")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", "-b", "a.raw", "-F", "raw",
+         d / "c.qcow2")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", "-b", "c.qcow2", "-F",
+         "qcow2", d / "d.qcow2", "2G")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", "-u", "-b", "missing.raw",
+         "-F", "raw", d / "orphan.qcow2", "1M")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", "-b", str(d / "a.raw"),
+         "-F", "raw", d / "abs.qcow2")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", "-u", "-b", "sub/x.raw",
+         "-F", "raw", d / "rel.qcow2", "1M")
+    qemu_io("-f", "qcow2", "-c", "write -P 1 0 64k", "-c",
+            "write -P 2 1M 128k", d / "b.qcow2")
+    qemu_io("-f", "raw", "-c", "write -P 3 0 1M", d / "a.raw")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", d / "snap.qcow2", "16M")
+    qemu(qemu_img, "snapshot", "-c", "first", d / "snap.qcow2")
+    qemu(qemu_img, "snapshot", "-c", "a longer snapshot name",
+         d / "snap.qcow2")
+    return d
+
+
+CASES = [
+    ["a.raw"],
+    ["small.raw"],
+    ["empty.raw"],
+    ["b.qcow2"],
+    ["v2.qcow2"],
+    ["opts.qcow2"],
+    ["c.qcow2"],
+    ["d.qcow2"],
+    ["orphan.qcow2"],
+    ["abs.qcow2"],
+    ["rel.qcow2"],
+    ["snap.qcow2"],
+    ["--output=json", "a.raw"],
+    ["--output=json", "b.qcow2"],
+    ["--output=json", "v2.qcow2"],
+    ["--output=json", "opts.qcow2"],
+    ["--output=json", "d.qcow2"],
+    ["--output=json", "orphan.qcow2"],
+    ["--output=json", "snap.qcow2"],
+    ["--output=human", "b.qcow2"],
+    ["--output", "json", "-U", "a.raw"],
+    ["b.qcow2", "--force-share", "--output=json"],
+    ["-f", "raw", "b.qcow2"],
+    ["-f", "qcow2", "b.qcow2"],
+    ["--format=qcow2", "b.qcow2"],
+    ["--backing-chain", "d.qcow2"],
+    ["--backing-chain", "--output=json", "d.qcow2"],
+    ["--backing-chain", "--output=json", "a.raw"],
+    ["--backing-chain", "orphan.qcow2"],
+    ["--image-opts", "driver=qcow2,file.filename=b.qcow2"],
+    ["--image-opts", "file.filename=b.qcow2"],
+    ["--image-opts", "driver=raw,file.driver=file,file.filename=a.raw"],
+    ["--image-opts", "--output=json",
+     "driver=raw,file.filename=a.raw,cache.direct=on"],
+    # errors
+    ["nonexist"],
+    [],
+    ["a.raw", "b.qcow2"],
+    ["--output=xml", "a.raw"],
+    ["-f", "qcow2", "a.raw"],
+    ["-f", "bogus", "a.raw"],
+    ["-Z", "a.raw"],
+    ["--nonsense", "a.raw"],
+    ["-f"],
+    ["a.raw", "--output"],
+    ["--image-opts", "-f", "raw", "driver=raw,file.filename=a.raw"],
+    ["--image-opts", "driver=raw,file.filename=nonexist"],
+    ["--image-opts", "filename=a.raw"],
+    ["--image-opts", "driver=raw,file.filename=a.raw,foo=bar"],
+    ["--image-opts", "-U", "driver=raw,file.filename=a.raw,force-share=off"],
+    ["--backing-chain", "--output=json", "orphan.qcow2"],
+]
+
+
+@pytest.mark.parametrize("args", CASES, ids=lambda a: " ".join(a) or "none")
+def test_info_same_as_qemu(qemu_img, blkimg, imgs, args):
+    compare(qemu_img, blkimg, ["info"] + args, cwd=imgs)
+
+
+def test_info_absolute_paths(qemu_img, blkimg, imgs):
+    for name in ("c.qcow2", "abs.qcow2", "rel.qcow2"):
+        for extra in ([], ["--output=json"], ["--backing-chain"]):
+            compare(qemu_img, blkimg, ["info"] + extra + [str(imgs / name)],
+                    cwd="/")
+
+
+@pytest.mark.parametrize("flags", [1, 2, 3])
+def test_info_dirty_and_corrupt_flags(qemu_img, blkimg, tmp_path, flags):
+    """Header flags show in both outputs as qemu shows them."""
+    img = tmp_path / "b.qcow2"
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", img, "1M")
+    with open(img, "r+b") as f:
+        f.seek(72)  # incompatible features: dirty (bit 0), corrupt (bit 1)
+        f.write(flags.to_bytes(8, "big"))
+    compare(qemu_img, blkimg, ["info", "-U", "b.qcow2"], cwd=tmp_path)
+    compare(qemu_img, blkimg, ["info", "-U", "--output=json", "b.qcow2"],
+            cwd=tmp_path)
+
+
+def test_info_backing_loop(qemu_img, blkimg, tmp_path):
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", tmp_path / "l1.qcow2", "1M")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", "-b", "l1.qcow2", "-F",
+         "qcow2", tmp_path / "l2.qcow2")
+    qemu(qemu_img, "rebase", "-u", "-b", "l2.qcow2", "-F", "qcow2",
+         tmp_path / "l1.qcow2")
+    compare(qemu_img, blkimg, ["info", "--backing-chain", "l2.qcow2"],
+            cwd=tmp_path)
+
+
+def test_info_json_parses_and_matches(blkimg, imgs):
+    cp = run([blkimg, "info", "--output=json", "snap.qcow2"], cwd=imgs)
+    assert cp.returncode == 0
+    j = json.loads(cp.stdout)
+    assert j["format"] == "qcow2"
+    assert [s["name"] for s in j["snapshots"]] == [
+        "first", "a longer snapshot name"]
+
+
+def test_info_refuses_object(blkimg, imgs):
+    cp = run([blkimg, "info", "--object", "secret,id=s,data=x", "a.raw"],
+             cwd=imgs)
+    assert (cp.returncode, cp.stdout) == (1, "")
+    assert cp.stderr == "blkimg: --object is not supported\n"

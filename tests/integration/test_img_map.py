@@ -1,0 +1,103 @@
+# SPDX-License-Identifier: MIT
+"""blkimg map vs qemu-img 7.2 map on the same files: human and JSON output
+(7.2's keys and layout), backing chains, --start-offset/--max-length,
+errors and exit codes."""
+import json
+
+import pytest
+
+from test_img_helpers import compare, qemu, qemu_io, run
+
+pytestmark = pytest.mark.qemu
+
+
+@pytest.fixture(scope="module")
+def imgs(qemu_img, tmp_path_factory):
+    d = tmp_path_factory.mktemp("img")
+    qemu(qemu_img, "create", "-q", "-f", "raw", d / "a.raw", "64M")
+    qemu_io("-f", "raw", "-c", "write -P 3 1M 1M", "-c", "write -P 4 5M 4k",
+            "-c", "write -P 5 63M 1M", d / "a.raw")
+    qemu(qemu_img, "create", "-q", "-f", "raw", d / "hole.raw", "1M")
+    with open(d / "hole.raw", "r+b") as f:  # block 0 a hole
+        f.truncate(0)
+        f.truncate(1 << 20)
+    qemu(qemu_img, "create", "-q", "-f", "raw", d / "empty.raw", "0")
+    qemu(qemu_img, "create", "-q", "-f", "raw", d / "odd.raw", "1000")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", d / "b.qcow2", "1G")
+    qemu_io("-f", "qcow2", "-c", "write -P 1 0 64k", "-c",
+            "write -P 2 1M 128k", "-c", "write -z 2M 64k", "-c",
+            "write -P 7 3M 64k", "-c", "write -z 3M 4k", d / "b.qcow2")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", "-b", "a.raw", "-F", "raw",
+         d / "c.qcow2")
+    qemu_io("-f", "qcow2", "-c", "write -P 9 1M 64k", "-c",
+            "write -z 8M 1M", d / "c.qcow2")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", "-b", "c.qcow2", "-F",
+         "qcow2", d / "d.qcow2", "80M")
+    qemu_io("-f", "qcow2", "-c", "write -P 8 2M 64k", d / "d.qcow2")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", "-o", "cluster_size=4k",
+         d / "small.qcow2", "1M")
+    qemu_io("-f", "qcow2", "-c", "write -P 1 0 12k", "-c", "write -P 2 20k 4k",
+            d / "small.qcow2")
+    return d
+
+
+IMAGES = ["a.raw", "hole.raw", "empty.raw", "odd.raw", "b.qcow2", "c.qcow2",
+          "d.qcow2", "small.qcow2"]
+
+CASES = []
+for _img in IMAGES:
+    CASES.append([_img])
+    CASES.append(["--output=json", _img])
+CASES += [
+    ["-f", "raw", "b.qcow2"],
+    ["--output", "json", "-f", "raw", "b.qcow2"],
+    ["-U", "--output=json", "c.qcow2"],
+    ["c.qcow2", "--force-share"],
+    ["--start-offset=1M", "--max-length=100k", "--output=json", "b.qcow2"],
+    ["--start-offset", "1M", "--max-length", "100k", "b.qcow2"],
+    ["--start-offset=1.5k", "--max-length=0x1000", "a.raw"],
+    ["--start-offset=2G", "a.raw"],
+    ["--start-offset=2G", "--output=json", "a.raw"],
+    ["--max-length=0", "--output=json", "a.raw"],
+    ["--start-offset=5M", "--output=json", "d.qcow2"],
+    ["--start-offset=3000", "--max-length=5000", "--output=json",
+     "small.qcow2"],
+    ["--image-opts", "driver=qcow2,file.filename=d.qcow2"],
+    ["--image-opts", "--output=json", "file.filename=c.qcow2"],
+    # errors
+    ["nonexist"],
+    [],
+    ["a.raw", "b.qcow2"],
+    ["--output=foo", "a.raw"],
+    ["-f", "qcow2", "a.raw"],
+    ["--start-offset=abc", "a.raw"],
+    ["--max-length=-1", "a.raw"],
+    ["--start-offset=9E", "a.raw"],
+    ["--max-length=1x", "a.raw"],
+    ["-s", "1", "a.raw"],
+    ["--start-offset"],
+    ["-Z", "a.raw"],
+]
+
+
+@pytest.mark.parametrize("args", CASES, ids=lambda a: " ".join(a) or "none")
+def test_map_same_as_qemu(qemu_img, blkimg, imgs, args):
+    compare(qemu_img, blkimg, ["map"] + args, cwd=imgs)
+
+
+def test_map_absolute_path(qemu_img, blkimg, imgs):
+    for extra in ([], ["--output=json"]):
+        compare(qemu_img, blkimg, ["map"] + extra + [str(imgs / "d.qcow2")],
+                cwd="/")
+
+
+def test_map_json_is_json(blkimg, imgs):
+    cp = run([blkimg, "map", "--output=json", "d.qcow2"], cwd=imgs)
+    assert cp.returncode == 0
+    entries = json.loads(cp.stdout)
+    assert entries[0]["start"] == 0
+    total = sum(e["length"] for e in entries)
+    assert total == 80 << 20
+    for e in entries:
+        assert list(e)[:6] == ["start", "length", "depth", "present", "zero",
+                               "data"]
