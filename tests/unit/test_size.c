@@ -143,10 +143,8 @@ static const char *const parse_too_big[] = {
 /* Which of the "too big" inputs the parser itself classifies how (qemu's
  * rules: only overflow of 64 bits is -ERANGE). */
 static const struct parse_case parse_big_values[] = {
-    {"8E", 9223372036854775808ULL},
-    {"15E", 17293822569102704640ULL},
-    {"8192P", 9223372036854775808ULL},
-    {"18446744073709551615", UINT64_MAX},
+    {"8E", 9223372036854775808ULL},     {"15E", 17293822569102704640ULL},
+    {"8192P", 9223372036854775808ULL},  {"18446744073709551615", UINT64_MAX},
     {"0xffffffffffffffff", UINT64_MAX},
 };
 static const char *const parse_erange[] = {
@@ -254,6 +252,15 @@ int main(void)
     ok(!hex, "0x1B has no suffix");
     is_int(bi_parse_size_full("16k", &v, &hex), 0, "16k parses");
     ok(!hex, "decimal with suffix is not flagged");
+    /* qemu-img warns before the error for these (observed). */
+    is_int(bi_parse_size_full("0x1kk", &v, &hex), -EINVAL, "0x1kk invalid");
+    ok(hex, "0x1kk still flags the hex suffix");
+    is_int(bi_parse_size_full("0x1000000000000000k", &v, &hex), -ERANGE,
+           "0x1000000000000000k overflows");
+    ok(hex, "the overflowing hex still flags its suffix");
+    is_int(bi_parse_size_full("0x100000000000E", &v, &hex), 0,
+           "0x...E: E is a hex digit");
+    ok(!hex && v == 0x100000000000EULL, "0x100000000000E value, no suffix");
     is_int(bi_parse_size(NULL, &v), -EINVAL, "NULL is -EINVAL");
 
     for (size_t i = 0; i < BI_ARRAY_SIZE(fmt_cases); i++) {

@@ -65,7 +65,9 @@ char *bi_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int bi_parse_size(const char *s, uint64_t *out);
 /* Same; *hex_suffix (if non-NULL) tells whether a hex number carried a
  * multiplier suffix, for which qemu-img warns "Using a multiplier suffix on
- * hex numbers is deprecated: <s>". */
+ * hex numbers is deprecated: <s>". It is set even when the parse then
+ * fails ("0x1kk", "0x1000000000000000k"): qemu warns first, then reports
+ * the error. */
 int bi_parse_size_full(const char *s, uint64_t *out, bool *hex_suffix);
 /* "%0.3g <unit>B" with units "", Ki, Mi, ... (qemu's size_to_str). */
 void bi_format_size(uint64_t v, char *buf, size_t len);
