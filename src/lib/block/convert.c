@@ -89,6 +89,7 @@ struct cv_state {
     struct pend *pend; /* done chunks above the frontier, sorted */
 
     int running;
+    int releases; /* release_co scheduled, not yet run */
     bi_co_queue done_q;
     bool finished;
 
@@ -267,6 +268,7 @@ struct chunk {
     bool host_valid;
     bi_node *host_file;
     uint64_t host_off;
+    bool released; /* in-order turn passed on */
 };
 
 static int take_chunk(struct cv_state *s, struct chunk *ch)
@@ -291,6 +293,7 @@ static int take_chunk(struct cv_state *s, struct chunk *ch)
         goto out;
     }
     ch->off = s->cur.pos;
+    ch->released = false;
     ch->len = (uint64_t)n;
     ch->host_valid = s->cur.host_valid && ch->kind == CK_DATA &&
                      ch->off + ch->len <= s->cur.status_end;
@@ -337,9 +340,47 @@ static int co_read(struct cv_state *s, uint64_t off, uint64_t len, void *buf)
     return 0;
 }
 
-static int co_write(struct cv_state *s, uint64_t off, uint64_t len,
-                    const void *buf)
+struct releaser {
+    struct cv_state *s;
+    uint64_t end;
+};
+
+static void release_co(void *opaque)
 {
+    struct releaser *r = opaque;
+    struct cv_state *s = r->s;
+    if (!s->ret) {
+        s->wr_next = r->end;
+        bi_co_queue_wake_all(&s->wr_wait);
+    }
+    free(r);
+    if (--s->releases == 0 && s->finished) {
+        bi_co_queue_wake_all(&s->done_q);
+    }
+}
+
+/* In-order writes: the turn passes to the next chunk as soon as this
+ * chunk's last write has been issued (when the issuing coroutine first
+ * yields), not when it completes. The target driver has mapped (allocated)
+ * the range by then, so allocation follows guest order while the data
+ * writes overlap. */
+static void before_op(struct cv_state *s, struct chunk *ch, uint64_t op_end)
+{
+    if (!s->in_order || ch->released || op_end != ch->off + ch->len) {
+        return;
+    }
+    struct releaser *r = bi_xmalloc(sizeof(*r));
+    r->s = s;
+    r->end = op_end;
+    s->releases++;
+    ch->released = true;
+    bi_co_wake(bi_co_create(release_co, r));
+}
+
+static int co_write(struct cv_state *s, struct chunk *ch, uint64_t off,
+                    uint64_t len, const void *buf)
+{
+    before_op(s, ch, off + len);
     int ret = bi_co_pwrite(s->dst, off, buf, len, 0);
     if (ret < 0) {
         set_error(s, ret, EK_WRITE, off);
@@ -347,8 +388,10 @@ static int co_write(struct cv_state *s, uint64_t off, uint64_t len,
     return ret;
 }
 
-static int co_zero(struct cv_state *s, uint64_t off, uint64_t len)
+static int co_zero(struct cv_state *s, struct chunk *ch, uint64_t off,
+                   uint64_t len)
 {
+    before_op(s, ch, off + len);
     int ret = bi_co_pwrite_zeroes(s->dst, off, len, BI_REQ_MAY_UNMAP);
     if (ret < 0) {
         set_error(s, ret, EK_WRITE, off);
@@ -489,7 +532,7 @@ static bool try_copy_range(struct cv_state *s, const struct chunk *ch)
     return true;
 }
 
-static bool wait_turn(struct cv_state *s, const struct chunk *ch)
+static bool wait_turn(struct cv_state *s, struct chunk *ch)
 {
     if (!s->in_order) {
         return !s->ret;
@@ -500,23 +543,24 @@ static bool wait_turn(struct cv_state *s, const struct chunk *ch)
     return !s->ret;
 }
 
-static void end_turn(struct cv_state *s, const struct chunk *ch)
+static void end_turn(struct cv_state *s, struct chunk *ch)
 {
-    if (s->in_order && !s->ret) {
+    if (s->in_order && !s->ret && !ch->released) {
+        ch->released = true;
         s->wr_next = ch->off + ch->len;
         bi_co_queue_wake_all(&s->wr_wait);
     }
 }
 
-static int write_data(struct cv_state *s, const struct chunk *ch,
-                      const uint8_t *buf)
+static int write_data(struct cv_state *s, struct chunk *ch, const uint8_t *buf)
 {
     uint64_t off = ch->off, len = ch->len;
 
     if (s->o->compress) {
         if (s->min_sparse && bi_buf_is_zero(buf, len)) {
-            return s->has_zero_init ? 0 : co_zero(s, off, len);
+            return s->has_zero_init ? 0 : co_zero(s, ch, off, len);
         }
+        before_op(s, ch, off + len);
         int ret = bi_co_pwrite_compressed(s->dst, off, buf, len);
         if (ret < 0) {
             set_error(s, ret, EK_WRITE, off);
@@ -524,17 +568,17 @@ static int write_data(struct cv_state *s, const struct chunk *ch,
         return ret;
     }
     if (!s->min_sparse) {
-        return co_write(s, off, len, buf);
+        return co_write(s, ch, off, len, buf);
     }
     while (len) {
         uint64_t n;
         int ret;
         if (run_is_data_min(buf, len, off, s->min_sparse, s->align, &n)) {
-            ret = co_write(s, off, n, buf);
+            ret = co_write(s, ch, off, n, buf);
         } else if (s->has_zero_init) {
             ret = 0;
         } else {
-            ret = co_zero(s, off, n);
+            ret = co_zero(s, ch, off, n);
         }
         if (ret < 0) {
             return ret;
@@ -546,7 +590,7 @@ static int write_data(struct cv_state *s, const struct chunk *ch,
     return 0;
 }
 
-static int do_chunk(struct cv_state *s, const struct chunk *ch, uint8_t *buf)
+static int do_chunk(struct cv_state *s, struct chunk *ch, uint8_t *buf)
 {
     int ret = 0;
 
@@ -564,7 +608,7 @@ static int do_chunk(struct cv_state *s, const struct chunk *ch, uint8_t *buf)
             }
             for (uint64_t o = 0; o < ch->len && ret == 0; o += s->buf_size) {
                 uint64_t n = BI_MIN(s->buf_size, ch->len - o);
-                ret = co_write(s, ch->off + o, n, s->zero_buf);
+                ret = co_write(s, ch, ch->off + o, n, s->zero_buf);
             }
             break;
         }
@@ -572,7 +616,7 @@ static int do_chunk(struct cv_state *s, const struct chunk *ch, uint8_t *buf)
             return -1;
         }
         if (!s->has_zero_init) {
-            ret = co_zero(s, ch->off, ch->len);
+            ret = co_zero(s, ch, ch->off, ch->len);
         }
         break;
     case CK_DATA:
@@ -706,7 +750,7 @@ static int convert_co(void *opaque)
         bi_co *co = bi_co_create(worker, s);
         bi_co_wake(co);
     }
-    while (!s->finished) {
+    while (!s->finished || s->releases) {
         bi_co_queue_wait(&s->done_q);
     }
     if (s->ret == 0 && s->o->flush) {
