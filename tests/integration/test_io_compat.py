@@ -417,3 +417,23 @@ def test_qcow2_variants(tmp_path, blkimg_io, qemu_io, opts):
     for f in p.q.iterdir():
         if f.name.endswith(".raw"):
             assert (p.b / f.name).read_bytes() == f.read_bytes()
+
+
+@pytest.mark.parametrize("args", [
+    ["top.qcow2"], ["dir.img"], ["badver.qcow2"], ["short.qcow2"],
+    ["-f", "qcow2", "dir.img"], ["-f", "raw", "-t", "none", "nonexist"],
+    ["-f", "raw,x", "ok.qcow2"], ["-f", "qcow2", "top.qcow2"],
+    ["-f", "qcow2", "a.img"], ["-r", "-U", "top.qcow2"],
+], ids=lambda a: " ".join(a))
+def test_open_errors(pair, args):
+    import subprocess
+    for d in (pair.q, pair.b):
+        subprocess.run("qemu-img create -q -f qcow2 base.qcow2 1M && "
+                       "qemu-img create -q -f qcow2 -b base.qcow2 -F qcow2 "
+                       "top.qcow2 && rm base.qcow2 && mkdir dir.img && "
+                       "printf 'QFI\\373\\0\\0\\0\\011' > badver.qcow2 && "
+                       "truncate -s 1M badver.qcow2 && "
+                       "printf 'QFI\\373' > short.qcow2 && "
+                       "qemu-img create -q -f qcow2 ok.qcow2 1M",
+                       shell=True, cwd=str(d), check=True)
+    pair.compare(args[:-1] + cmds("length", "read 0 1") + args[-1:])
