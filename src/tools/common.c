@@ -24,9 +24,10 @@ void tool_init(const char *argv0)
     }
 }
 
+/* stdout is not flushed first: qemu-img's messages do not either, which
+ * decides the order of the two streams when they share a pipe. */
 static void verror(const char *fmt, va_list ap)
 {
-    fflush(stdout);
     fprintf(stderr, "%s: ", tool_prog);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
@@ -495,6 +496,16 @@ bi_node *tool_open(const struct tool_image *ti)
     }
     o.cache = cache;
     o.backing_cache = cache;
+    if (ti->image_opts && io.has_read_only && io.read_only) {
+        o.read_write = false;
+    }
+    if (o.force_share && o.read_write) {
+        tool_error("Could not open '%s': force-share=on can only be used "
+                   "with read-only images",
+                   ti->filename);
+        tool_image_opts_free(&io);
+        return NULL;
+    }
 
     bi_error_init(&err);
     if (aio_set) {

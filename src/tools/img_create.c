@@ -485,7 +485,6 @@ int img_create(int argc, char **argv)
         bo.quiet_probe = true;
         bi_node *b = bi_open(bpath, &bo, &err);
         if (!b) {
-            fflush(stdout);
             fprintf(stderr, "%s: %s: %s\nCould not open backing image.\n",
                     tool_prog, filename, open_cause(err.msg, bpath));
             free(bpath);
@@ -493,7 +492,6 @@ int img_create(int argc, char **argv)
         }
         free(bpath);
         if (!base_fmt) {
-            fflush(stdout);
             fprintf(stderr,
                     "%s: %s: Backing file specified without backing format\n"
                     "Detected format of %s.",

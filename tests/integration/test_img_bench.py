@@ -1,0 +1,175 @@
+# SPDX-License-Identifier: MIT
+"""blkimg bench vs qemu-img 7.2 bench: output (timing masked), option
+validation, errors and exit codes; what write runs leave in the image;
+the --random and --stats extensions."""
+import os
+import re
+
+import pytest
+
+from test_img_helpers import (assert_same, both, mask_timing, qemu, qemu_io,
+                              run)
+
+pytestmark = pytest.mark.qemu
+
+
+@pytest.fixture(scope="module")
+def img(qemu_img, tmp_path_factory):
+    d = tmp_path_factory.mktemp("bench")
+    qemu(qemu_img, "create", "-q", "-f", "raw", d / "a.raw", "64M")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", d / "b.qcow2", "64M")
+    return d
+
+
+CASES = [
+    ["-c", "1000", "a.raw"],
+    ["-c", "1000", "-f", "raw", "a.raw"],
+    ["-c", "1000", "b.qcow2"],
+    ["-c", "0", "a.raw"],
+    ["-q", "-c", "10", "a.raw"],
+    ["-c", "10", "-d", "2", "-s", "512", "-S", "1024", "-o", "1k", "a.raw"],
+    ["-c", "100", "-s", "1.5k", "a.raw"],
+    ["-c", "10", "-s", "0", "a.raw"],
+    ["-c", "100", "-S", "0", "a.raw"],
+    ["-c", "3000", "-o", "60M", "a.raw"],  # wraps at the image end
+    ["-c", "100", "-t", "none", "a.raw"],
+    ["-c", "100", "-n", "-t", "none", "a.raw"],
+    ["-c", "100", "-i", "native", "-t", "none", "a.raw"],
+    ["-c", "100", "-i", "io_uring", "a.raw"],
+    ["-c", "100", "-i", "threads", "a.raw"],
+    ["-c", "100", "-U", "a.raw"],
+    ["-c", "100", "--no-drain", "a.raw"],
+    ["-c", "1000", "-w", "-f", "raw", "--flush-interval=100", "a.raw"],
+    ["-c", "1000", "-w", "-f", "raw", "--flush-interval=64", "--no-drain",
+     "a.raw"],
+    ["-c", "1000", "-w", "-f", "qcow2", "-d", "8", "--flush-interval=8",
+     "b.qcow2"],
+    ["-c", "100", "-w", "--pattern=0x5a", "-f", "raw", "a.raw"],
+    ["-c", "100", "-w", "a.raw"],  # probed raw: the warning
+    ["-c", "100", "--image-opts", "driver=raw,file.filename=a.raw"],
+    # errors
+    ["-c", "10", "-o", "1G", "a.raw"],
+    ["--flush-interval=100", "a.raw"],
+    ["-c", "100", "-w", "--flush-interval=10", "a.raw"],
+    ["-c", "abc", "a.raw"],
+    ["-c", "-1", "a.raw"],
+    ["-c", "3000000000", "a.raw"],
+    ["-d", "-5", "a.raw"],
+    ["-d", "x", "a.raw"],
+    ["-s", "3G", "a.raw"],
+    ["-s", "x", "a.raw"],
+    ["-S", "1x", "a.raw"],
+    ["-S", "3G", "a.raw"],
+    ["-o", "-1", "a.raw"],
+    ["-o", "9E", "a.raw"],
+    ["--pattern=256", "a.raw"],
+    ["--pattern=x", "a.raw"],
+    ["--flush-interval=x", "a.raw"],
+    ["-t", "bad", "a.raw"],
+    ["-i", "bad", "a.raw"],
+    ["-c", "10", "-n", "a.raw"],
+    ["-c", "10", "-i", "native", "a.raw"],
+    ["-c", "10", "-w", "-U", "-f", "raw", "a.raw"],
+    ["-c", "10", "-f", "qcow2", "a.raw"],
+    ["-c", "10", "nonexist"],
+    [],
+    ["a.raw", "b.qcow2"],
+    ["--object", "x", "a.raw"],
+    ["-Z", "a.raw"],
+    ["-c"],
+]
+
+
+@pytest.mark.parametrize("args", CASES, ids=lambda a: " ".join(a) or "none")
+def test_bench_same_as_qemu(qemu_img, blkimg, img, args):
+    cq, cb = both(qemu_img, blkimg, ["bench"] + args, cwd_q=img)
+    assert_same(cq, cb, mask=mask_timing, what="bench " + " ".join(args))
+
+
+def test_bench_timing_line(blkimg, img):
+    cp = run([blkimg, "bench", "-c", "2000", "-d", "16", "a.raw"], cwd=img)
+    assert cp.returncode == 0
+    lines = cp.stdout.splitlines()
+    assert lines[0] == ("Sending 2000 read requests, 4096 bytes each, 16 in "
+                        "parallel (starting at offset 0, step size 4096)")
+    assert re.fullmatch(r"Run completed in \d+\.\d{3} seconds\.", lines[1])
+    assert len(lines) == 2
+
+
+def test_bench_write_leaves_the_pattern(qemu_img, blkimg, tmp_path):
+    """-w writes the pattern byte at offset, offset+step, ... like qemu."""
+    for tool in (qemu_img, blkimg):
+        d = tmp_path / os.path.basename(tool)
+        d.mkdir()
+        qemu(qemu_img, "create", "-q", "-f", "raw", d / "w.raw", "1M")
+        cp = run([tool, "bench", "-w", "-f", "raw", "-c", "10", "-d", "4",
+                  "-s", "4k", "-S", "8k", "-o", "4k", "--pattern=0xab",
+                  "w.raw"], cwd=d)
+        assert cp.returncode == 0, cp.stderr
+    qd = (tmp_path / "qemu-img" / "w.raw").read_bytes()
+    bd = (tmp_path / "blkimg" / "w.raw").read_bytes()
+    assert bd == qd
+    assert bd[4096:8192] == b"\xab" * 4096
+    assert bd[8192:12288] == b"\0" * 4096
+
+
+def test_bench_qcow2_write_then_check(qemu_img, blkimg, tmp_path):
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", tmp_path / "w.qcow2", "8M")
+    cp = run([blkimg, "bench", "-w", "-f", "qcow2", "-c", "4000", "-d", "32",
+              "--pattern=7", "--flush-interval=500", "w.qcow2"],
+             cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    ck = run([qemu_img, "check", "w.qcow2"], cwd=tmp_path)
+    assert ck.returncode == 0, ck.stdout + ck.stderr
+    rd = qemu_io("-f", "qcow2", "-c", "read -P 7 0 8M", "w.qcow2",
+                 cwd=tmp_path)
+    assert "Pattern verification failed" not in rd.stdout
+
+
+def test_bench_random_and_stats(blkimg, img):
+    cp = run([blkimg, "bench", "-c", "5000", "-d", "32", "-t", "none",
+              "--random=7", "--stats", "a.raw"], cwd=img)
+    assert cp.returncode == 0, cp.stderr
+    lines = cp.stdout.splitlines()
+    assert lines[0] == ("Sending 5000 read requests, 4096 bytes each, 32 in "
+                        "parallel (random offsets in [0, 67108864), step "
+                        "size 4096, seed 7)")
+    assert re.fullmatch(r"Run completed in \d+\.\d{3} seconds\.", lines[1])
+    assert lines[2] == "stats for 'a.raw' (protocol node):"
+    stats = dict(l.strip().split(": ") for l in lines[3:])
+    assert int(stats["bytes read"]) >= 5000 * 4096
+    assert int(stats["bounced bytes"]) == 0
+    assert int(stats["rmw operations"]) == 0
+    assert int(stats["io calls"]) >= 5000
+
+
+def test_bench_random_writes_are_in_range_and_aligned(qemu_img, blkimg,
+                                                      tmp_path):
+    """--random: every request at offset + k * step, inside the image."""
+    qemu(qemu_img, "create", "-q", "-f", "raw", tmp_path / "r.raw", "1M")
+    cp = run([blkimg, "bench", "-w", "-f", "raw", "-c", "200", "-d", "8",
+              "-s", "512", "-S", "4k", "-o", "64k", "--random",
+              "--pattern=1", "r.raw"], cwd=tmp_path)
+    assert cp.returncode == 0, cp.stderr
+    data = (tmp_path / "r.raw").read_bytes()
+    assert len(data) == 1 << 20
+    assert data[:65536] == b"\0" * 65536
+    touched = 0
+    for off in range(65536, 1 << 20, 4096):
+        blk = data[off:off + 4096]
+        assert blk[512:] == b"\0" * 3584
+        if blk[:512] == b"\1" * 512:
+            touched += 1
+        else:
+            assert blk[:512] == b"\0" * 512
+    assert touched > 20
+
+
+def test_bench_help_documents_extensions(blkimg):
+    cp = run([blkimg, "bench", "--help"])
+    assert cp.returncode == 0
+    assert "--random" in cp.stdout and "--stats" in cp.stdout
+    assert ("bench [-c count] [-d depth] [-f fmt] "
+            "[--flush-interval=flush_interval] [-i aio] [-n] [--no-drain] "
+            "[-o offset] [--pattern=pattern] [-q] [-s buffer_size] "
+            "[-S step_size] [-t cache] [-w] [-U] filename") in cp.stdout
