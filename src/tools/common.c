@@ -423,7 +423,7 @@ static const char *open_cause(const char *msg, const char *file)
     return r;
 }
 
-bi_node *tool_open(const struct tool_image *ti)
+bi_node *tool_open(struct tool_image *ti)
 {
     struct bi_open_opts o;
     struct tool_image_opts io;
@@ -496,6 +496,7 @@ bi_node *tool_open(const struct tool_image *ti)
     }
     o.cache = cache;
     o.backing_cache = cache;
+    ti->cache = cache; /* as the image options made it */
     if (ti->image_opts && io.has_read_only && io.read_only) {
         o.read_write = false;
     }

@@ -86,8 +86,9 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
 void tool_image_opts_free(struct tool_image_opts *io);
 
 /* Opens an image as qemu-img's img_open(); prints the error and returns
- * NULL on failure. Selects the aio engine when asked. */
-bi_node *tool_open(const struct tool_image *ti);
+ * NULL on failure. Selects the aio engine when asked. ti->cache is set to
+ * the cache mode in effect (--image-opts may change it). */
+bi_node *tool_open(struct tool_image *ti);
 
 /* blkimg's --help text (defined in blkimg.c; blkimg only); exits 0. */
 void img_help(void) __attribute__((noreturn));

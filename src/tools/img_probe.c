@@ -82,6 +82,7 @@ int img_probe(int argc, char **argv)
     if (!top) {
         return 1;
     }
+    cache = ti.cache;
     bi_node *file = bi_node_file(top);
     if (!file) {
         file = top; /* the image is the protocol node (-f file) */
