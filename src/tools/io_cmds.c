@@ -195,8 +195,8 @@ static double tdiv(double value, struct timespec tv)
     return value / ((double)tv.tv_sec + (double)tv.tv_nsec / 1e9);
 }
 
-/* Elapsed time: "SS.ss sec" below a minute... as qemu-io: "00.00 sec"
- * when under one second, else "H:MM:SS.ss"; always the latter with -C. */
+/* Elapsed time as qemu-io prints it: "00.25 sec" under one second, else
+ * "H:MM:SS.ss"; always the latter with -C. */
 static void timestr(const struct timespec *tv, char *ts, size_t size,
                     bool fixed)
 {
@@ -2175,6 +2175,70 @@ static const char *open_error_text(const bi_error *err, const char *fname)
     return inner;
 }
 
+/* qemu 7.2's qcow2 runtime options. The library reads the cache sizes
+ * and data-file; the rest tune behaviour it does not have (lazy refcount
+ * updates, discard passing, metadata overlap checks, cache cleaning) and
+ * are accepted without effect, as harmless. */
+static const char *const qcow2_opts[] = {
+    "lazy-refcounts",
+    "pass-discard-request",
+    "pass-discard-snapshot",
+    "pass-discard-other",
+    "overlap-check",
+    "overlap-check.template",
+    "overlap-check.main-header",
+    "overlap-check.active-l1",
+    "overlap-check.active-l2",
+    "overlap-check.refcount-table",
+    "overlap-check.refcount-block",
+    "overlap-check.snapshot-table",
+    "overlap-check.inactive-l1",
+    "overlap-check.inactive-l2",
+    "overlap-check.bitmap-directory",
+    "cache-size",
+    "l2-cache-size",
+    "l2-cache-entry-size",
+    "refcount-cache-size",
+    "cache-clean-interval",
+    "data-file",
+    NULL,
+};
+
+/* Checks a format option ("key=value") against what the format takes;
+ * prints the error (after prefix) and returns -EINVAL if it does not. */
+static int check_driver_opt(const char *prefix, const char *fmt, const char *kv)
+{
+    size_t kl = strcspn(kv, "=");
+
+    if (!strcmp(fmt, "qcow2")) {
+        if (!strncmp(kv, "encrypt.", 8)) {
+            io_error_report("%sEncrypted images are not supported", prefix);
+            return -EINVAL;
+        }
+        for (int i = 0; qcow2_opts[i]; i++) {
+            if (strlen(qcow2_opts[i]) == kl &&
+                !strncmp(qcow2_opts[i], kv, kl)) {
+                return 0;
+            }
+        }
+    } else if (!strcmp(fmt, "raw") &&
+               (!strncmp(kv, "offset=", 7) || !strncmp(kv, "size=", 5))) {
+        /* a window into the file: refusing beats writing outside it */
+        io_error_report("%sThe raw format's option '%.*s' is not supported",
+                        prefix, (int)kl, kv);
+        return -EINVAL;
+    }
+    if (kl >= 7 && !strncmp(kv, "backing", 7) &&
+        (kv[7] == '.' || kv[7] == '=')) {
+        io_error_report("%sOption '%.*s' is not supported", prefix, (int)kl,
+                        kv);
+        return -EINVAL;
+    }
+    io_error_report("%sBlock format '%s' does not support the option '%.*s'",
+                    prefix, fmt, (int)kl, kv);
+    return -EINVAL;
+}
+
 int io_openfile(const char *name, struct io_open_req *r)
 {
     const struct bi_optlist *l = &r->opts;
@@ -2272,8 +2336,11 @@ int io_openfile(const char *name, struct io_open_req *r)
                             prefix, !strncmp(key, "file.", 5) ? key + 5 : key);
             goto out;
         }
-        (void)val;
         dopts[nd++] = bi_xasprintf("%s=%s", key, val);
+        if (driver && bi_format_exists(driver) == 0 &&
+            check_driver_opt(prefix, driver, dopts[nd - 1]) < 0) {
+            goto out;
+        }
     }
 
     v = opt_get(l, "cache.direct");
@@ -2382,6 +2449,15 @@ int io_openfile(const char *name, struct io_open_req *r)
     if (!n) {
         io_error_report("%s%s", prefix, open_error_text(&err, fname));
         goto out;
+    }
+    if (!driver) {
+        /* probed: check the options against the format found */
+        for (int i = 0; i < nd; i++) {
+            if (check_driver_opt(prefix, bi_node_format(n), dopts[i]) < 0) {
+                bi_close(n, NULL);
+                goto out;
+            }
+        }
     }
     g_node = n;
     g_format_name = bi_node_format(n);

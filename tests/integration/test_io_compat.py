@@ -72,6 +72,7 @@ RAW_SCRIPTS = [
         "write -u 0 4k", "write -n 0 4k", "write -z -P 1 0 4k",
         "write -z -s /etc/hostname 0 1", "write -c 1 4k", "write -c 0 4097",
         "write -f -c 0 512", "write -b -z 0 512", "write -b 1 512",
+        "write -c 0 4k", "write -c 1M 512", "write -c 0 0",
         "read -b 0 511", "write -f 0 512", "write -f -q 0 1"]),
     ("eof", [
         "read 1M 512", "read 1048575 2", "read 1M 0", "read 2M 0",
@@ -437,3 +438,39 @@ def test_open_errors(pair, args):
                        "qemu-img create -q -f qcow2 ok.qcow2 1M",
                        shell=True, cwd=str(d), check=True)
     pair.compare(args[:-1] + cmds("length", "read 0 1") + args[-1:])
+
+
+@pytest.mark.parametrize("spec", [
+    "--image-opts driver=raw,file.filename=a.img,bogus=1",
+    "--image-opts driver=qcow2,file.filename=ok.qcow2,bogus=1",
+    "--image-opts driver=qcow2,file.filename=ok.qcow2,l2-cache-size=1M,"
+    "lazy-refcounts=on,cache-clean-interval=0,refcount-cache-size=64k",
+    "-c|open -o bogus=1 ok.qcow2",
+    "-c|open -o l2-cache-size=1M,overlap-check=none ok.qcow2",
+], ids=["raw-bogus", "qcow2-bogus", "qcow2-tuning", "probed-bogus",
+        "probed-tuning"])
+def test_driver_options(pair, spec):
+    import subprocess
+    for d in (pair.q, pair.b):
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "ok.qcow2",
+                        "1M"], cwd=str(d), check=True)
+    if spec.startswith("--image-opts "):
+        args = ["--image-opts"] + cmds("length", "write -P 1 0 1") + \
+            [spec.split(" ", 1)[1]]
+    else:
+        args = ["-c", spec.split("|", 1)[1]] + cmds("length")
+    pair.compare(args, files=["a.img", "ok.qcow2"] if "qcow2" not in spec
+                 else ["a.img"])
+
+
+def test_raw_window_refused(pair):
+    """qemu's raw offset/size window is not supported: refused, rather
+    than writing outside the window."""
+    q, b = pair.run_both(["--image-opts", "-c", "write -P 1 0 1k",
+                          "driver=raw,file.filename=a.img,offset=512,"
+                          "size=1024"])
+    assert q.returncode == 0
+    assert b.returncode == 1 and b.stdout == ""
+    assert b.stderr == "blkimg-io: can't open: The raw format's option " \
+        "'offset' is not supported\n"
+    assert (pair.b / "a.img").read_bytes() == bytes(MIB)
