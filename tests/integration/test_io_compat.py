@@ -173,7 +173,8 @@ def test_read_only(pair):
     pair.compare(["-r", "-f", "raw"] +
                  cmds("write 0 1", "discard 0 1", "truncate 2M",
                       "write -z 0 1", "aio_write 0 512", "writev 0 1",
-                      "read 0 1", "length") + ["a.img"], files=["a.img"])
+                      "read 0 1", "length", "flush", "aio_flush", "map",
+                      "info") + ["a.img"], files=["a.img"])
 
 
 def test_no_file(pair):
@@ -474,3 +475,20 @@ def test_raw_window_refused(pair):
     assert b.stderr == "blkimg-io: can't open: The raw format's option " \
         "'offset' is not supported\n"
     assert (pair.b / "a.img").read_bytes() == bytes(MIB)
+
+
+def test_merged_streams(pair):
+    """With stdout and stderr on one pipe (2>&1), lines interleave as in
+    qemu-io: same buffering of stdout, unbuffered stderr."""
+    import subprocess
+    script = cmds("read x 1", "bogus", "read -x 0 1", "length",
+                  "truncate -m bogus 1", "map x", "help length",
+                  "write -P 1 0 1", "read 1M 1")
+    outs = []
+    for tool, d in ((pair.qemu_io, pair.q), (pair.blkimg_io, pair.b)):
+        cp = subprocess.run([tool, "-f", "raw"] + script + ["a.img"],
+                            cwd=str(d), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL)
+        outs.append((mask(as_blkimg(cp.stdout)), cp.returncode))
+    assert outs[1] == outs[0]
