@@ -119,7 +119,10 @@ int bi_loop_run_once(bool blocking)
     struct bi_engine *e = bi_engine_get();
     int n = run_ready();
     if (e->in_flight) {
-        int r = e->ops->poll(e, (blocking && n == 0) ? 1 : 0);
+        /* Submitting what the coroutines queued and waiting for a
+         * completion is one system call; wait only when no coroutine is
+         * ready to run. */
+        int r = e->ops->poll(e, (blocking && ready_len == 0) ? 1 : 0);
         if (r > 0)
             n += r;
     }
