@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -299,6 +300,13 @@ int img_convert(int argc, char **argv)
     bool prog_started = false;
     bi_error err;
     int c;
+
+    /* Buffers come and go per cluster (compression state, bounce and
+     * compressed-data buffers on worker threads): keep freed memory instead
+     * of trimming it back each time (each trim is a TLB shootdown across
+     * CPUs). Peak use is bounded by the engine anyway. */
+    mallopt(M_TRIM_THRESHOLD, 64 * 1024 * 1024);
+    mallopt(M_MMAP_THRESHOLD, 16 * 1024 * 1024);
 
     memset(&opts, 0, sizeof(opts));
     optind = 1;
