@@ -5,7 +5,8 @@
 #   1. build $BLKIMG_BUILD (default build/) and $BLKIMG_ASAN_BUILD (default
 #      build-asan/, ASan + UBSan);
 #   2. on each build: the unit tests (meson test) and the pytest suites
-#      (tests/integration, tests/interop, with BLKIMG_BUILD pointing at it);
+#      (tests/integration, tests/interop, with BLKIMG_BUILD pointing at it;
+#      on the sanitizer build without the tests marked `slow`);
 #   3. the clang-format check (one test).
 # Every phase runs even when an earlier one failed. The LAST line printed is
 # the total "N passed, N failed" (", N skipped" follows when tests were
@@ -71,9 +72,11 @@ unit() {
     record "unit ($label)" $counts
 }
 
-# pysuite DIR LABEL: the pytest suites against the binaries in DIR.
+# pysuite DIR LABEL [pytest args...]: the pytest suites against the binaries
+# in DIR.
 pysuite() {
     local dir=$1 label=$2
+    shift 2
     banner "pytest suites ($label)"
     local suites=() d
     for d in tests/integration tests/interop; do
@@ -86,8 +89,8 @@ pysuite() {
     fi
     # shellcheck disable=SC2086
     BLKIMG_BUILD="$REPO/$dir" "$PY" -m pytest -p no:cacheprovider -q \
-        --tb=short -rfEs "${timeout_args[@]}" --junitxml="$xml" \
-        ${PYTEST_ARGS:-} "${suites[@]}" </dev/null
+        --tb=short -rfEs --durations=10 "${timeout_args[@]}" \
+        --junitxml="$xml" "$@" ${PYTEST_ARGS:-} "${suites[@]}" </dev/null
     rc=$?
     local counts
     counts=$("$PY" tests/tally.py junit "$xml" "$rc") || counts="0 1 0"
@@ -116,7 +119,9 @@ if [ "${BLKIMG_NO_ASAN:-0}" != 1 ]; then
             export UBSAN_OPTIONS=$UBSAN_OPTIONS_CHECK
             unit "$ASAN_BUILD" "$ASAN_BUILD" --num-processes 2 \
                 --timeout-multiplier 4
-            pysuite "$ASAN_BUILD" "$ASAN_BUILD"
+            # Tests marked slow (long trials, big images) run on the normal
+            # build only.
+            pysuite "$ASAN_BUILD" "$ASAN_BUILD" -m "not slow"
         )
     else
         echo "check: build of $ASAN_BUILD/ FAILED; its tests were not run"
