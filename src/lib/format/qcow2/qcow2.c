@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static uint32_t rd32(const uint8_t *p)
 {
@@ -637,7 +638,13 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
         ret = check_plain_name("Data file", dname, err);
         if (ret < 0)
             goto out;
+        /* relative to the image's directory; QEMU takes it relative to
+         * the working directory: that is tried second */
         char *path = dirname_join(n->filename, dname);
+        if (access(path, F_OK) != 0 && access(dname, F_OK) == 0) {
+            free(path);
+            path = bi_xstrdup(dname);
+        }
         struct bi_open_opts dopts;
         bi_open_opts_init(&dopts);
         if (o)

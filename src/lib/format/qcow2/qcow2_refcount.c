@@ -351,17 +351,16 @@ int qc_update_refcount(bi_node *n, uint64_t offset, uint64_t len, int64_t delta)
     return 0;
 }
 
-int64_t qc_alloc_clusters(bi_node *n, uint64_t nb)
+/* The first run of len free clusters from the hint. */
+static int find_free(bi_node *n, uint64_t len, uint64_t *start,
+                     uint64_t *first_free_out)
 {
     qcow2_state *s = n->opaque;
-    int ret;
-    if (nb == 0)
-        return -EINVAL;
-restart:;
     uint64_t i = s->free_cluster_index, run = 0;
     uint64_t first_free = UINT64_MAX;
     uint64_t mask = (1ULL << s->rb_bits) - 1;
-    while (run < nb) {
+    int ret;
+    while (run < len) {
         uint64_t ci = i + run;
         if ((ci << s->cluster_bits) >= (1ULL << 56) - s->cluster_size)
             return -EFBIG;
@@ -379,7 +378,7 @@ restart:;
         ret = get_refblock(n, rt_idx, &block);
         if (ret < 0)
             return ret;
-        for (; ci < blk_end && run < nb; ci++) {
+        for (; ci < blk_end && run < len; ci++) {
             if (rb_get(s, block, ci & mask)) {
                 i = ci + 1;
                 run = 0;
@@ -391,15 +390,95 @@ restart:;
         }
         qc_cache_put(&s->rb_cache, block);
     }
-    if (run > nb)
-        run = nb;
-    /* make sure every refcount block of the run exists first */
-    for (uint64_t b = i >> s->rb_bits; b <= (i + nb - 1) >> s->rb_bits; b++) {
-        ret = ensure_refblock(n, b);
+    *start = i;
+    *first_free_out = first_free;
+    return 0;
+}
+
+/* Refcount blocks missing for clusters [a, a+len); *beyond: the highest
+ * block index past the refcount table, or UINT64_MAX. */
+static uint64_t count_missing(const qcow2_state *s, uint64_t a, uint64_t len,
+                              uint64_t *beyond)
+{
+    uint64_t m = 0;
+    *beyond = UINT64_MAX;
+    for (uint64_t b = a >> s->rb_bits; b <= (a + len - 1) >> s->rb_bits; b++) {
+        if (b >= s->refcount_table_size)
+            *beyond = b;
+        else if (!(s->refcount_table[b] & RTE_OFFSET_MASK))
+            m++;
+    }
+    return m;
+}
+
+int64_t qc_alloc_clusters(bi_node *n, uint64_t nb)
+{
+    qcow2_state *s = n->opaque;
+    int ret;
+    uint64_t i, first_free, m, mm, beyond;
+    if (nb == 0)
+        return -EINVAL;
+restart:
+    m = 0;
+    for (;;) {
+        ret = find_free(n, nb + m, &i, &first_free);
         if (ret < 0)
             return ret;
-        if (ret > 0)
+        mm = count_missing(s, i, nb + m, &beyond);
+        if (beyond != UINT64_MAX) {
+            ret = grow_refcount_table(n, beyond);
+            if (ret < 0)
+                return ret;
             goto restart;
+        }
+        if (mm <= m)
+            break;
+        m = mm;
+    }
+    if (mm) {
+        /* the missing refcount blocks go first, the run right after them;
+         * they describe each other and the run */
+        uint64_t j = 0;
+        uint64_t *made = calloc(mm, sizeof(uint64_t));
+        if (!made)
+            return -ENOMEM;
+        for (uint64_t b = i >> s->rb_bits;
+             b <= (i + nb + mm - 1) >> s->rb_bits && j < mm; b++) {
+            if (s->refcount_table[b] & RTE_OFFSET_MASK)
+                continue;
+            uint64_t off = (i + j) << s->cluster_bits;
+            void *block;
+            ret = qc_check_overlap(n, 0, off, s->cluster_size);
+            if (ret == 0)
+                ret = qc_cache_get(n, &s->rb_cache, off, true, &block);
+            if (ret < 0) {
+                for (uint64_t k = 0; k < j; k++)
+                    s->refcount_table[made[k]] = 0;
+                free(made);
+                return ret;
+            }
+            qc_cache_mark_dirty(&s->rb_cache, block);
+            qc_cache_put(&s->rb_cache, block);
+            s->refcount_table[b] = off;
+            made[j++] = b;
+        }
+        ret = qc_update_refcount(n, i << s->cluster_bits,
+                                 (mm + nb) << s->cluster_bits, 1);
+        /* blocks on disk before the table points to them */
+        if (ret == 0)
+            ret = qc_cache_writeback(n, &s->rb_cache);
+        if (ret == 0)
+            ret = bi_co_flush(n->file);
+        for (uint64_t k = 0; k < j && ret == 0; k++)
+            ret = write_reftable_entry(n, made[k]);
+        free(made);
+        if (ret < 0)
+            return ret;
+        uint64_t end = (i + mm + nb) << s->cluster_bits;
+        if (end > s->file_size)
+            s->file_size = end;
+        s->free_cluster_index = first_free == i ? i + mm + nb : first_free;
+        return (int64_t)((i + mm) << s->cluster_bits);
     }
     ret = qc_update_refcount(n, i << s->cluster_bits, nb << s->cluster_bits, 1);
     if (ret < 0)
