@@ -200,7 +200,9 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
             p += klen;
             val = NULL;
             if (!strncmp(key, "no", 2)) {
-                memmove(key, key + 2, strlen(key + 2) + 1);
+                char *rest = bi_xstrdup(key + 2);
+                free(key);
+                key = rest;
                 val = bi_xstrdup("off");
             } else {
                 val = bi_xstrdup("on");

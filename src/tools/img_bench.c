@@ -42,6 +42,7 @@ struct bench {
     int flush_interval;
     bool drain_on_flush;
     bool in_flush;
+    int error; /* first failure: no more requests are sent */
     /* random mode */
     bool random;
     uint64_t rng;
@@ -67,12 +68,20 @@ static inline uint64_t rng_next(uint64_t *s)
     return x * 0x2545F4914F6CDD1DULL;
 }
 
+/* qemu-img exits at the first failure; we stop sending, let what is in
+ * flight complete and then fail (same output). */
+static void fail(struct bench *b, const char *what, int ret)
+{
+    if (!b->error) {
+        tool_error("%s: %s", what, strerror(-ret));
+        b->error = ret;
+    }
+}
+
 static void bench_undrained_flush_cb(void *opaque, int ret)
 {
-    (void)opaque;
     if (ret < 0) {
-        tool_error("Failed flush request: %s", strerror(-ret));
-        exit(EXIT_FAILURE);
+        fail(opaque, "Failed flush request", ret);
     }
 }
 
@@ -80,8 +89,7 @@ static void bench_flush_cb(void *opaque, int ret)
 {
     struct bench *b = opaque;
     if (ret < 0) {
-        tool_error("Failed request: %s", strerror(-ret));
-        exit(EXIT_FAILURE);
+        fail(b, "Failed request", ret);
     }
     /* the queue was drained for this flush: go on */
     b->in_flush = false;
@@ -90,7 +98,7 @@ static void bench_flush_cb(void *opaque, int ret)
 
 static void submit(struct bench *b)
 {
-    while (b->n > b->in_flight && b->in_flight < b->nrreq) {
+    while (!b->error && b->n > b->in_flight && b->in_flight < b->nrreq) {
         int64_t offset;
         struct bench_slot *s = b->free_slots[--b->n_free];
 
@@ -120,14 +128,13 @@ static void req_cb(void *opaque, int ret)
     int remaining;
 
     if (ret < 0) {
-        tool_error("Failed request: %s", strerror(-ret));
-        exit(EXIT_FAILURE);
+        fail(b, "Failed request", ret);
     }
     remaining = b->n - b->in_flight; /* not yet sent */
     b->free_slots[b->n_free++] = s;
     b->n--;
     b->in_flight--;
-    if (b->flush_interval && remaining % b->flush_interval == 0) {
+    if (b->flush_interval && remaining % b->flush_interval == 0 && !b->error) {
         /* with draining, the flush waits until nothing is in flight, and
          * nothing is sent until it completes */
         if (!b->in_flight || !b->drain_on_flush) {
@@ -417,19 +424,23 @@ int img_bench(int argc, char **argv)
     struct timespec t1, t2;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     submit(&b);
-    while (b.n > 0) {
+    while (b.n > 0 && !b.error) {
         bi_aio_poll(true);
     }
     clock_gettime(CLOCK_MONOTONIC, &t2);
+    bi_aio_drain();
+    if (b.error) {
+        goto out_free;
+    }
     printf("Run completed in %3.3f seconds.\n",
            (double)(t2.tv_sec - t1.tv_sec) +
                (double)(t2.tv_nsec - t1.tv_nsec) / 1e9);
 
-    bi_aio_drain();
     if (stats) {
         print_stats(node);
     }
     ret = 0;
+out_free:
     free(b.slots);
     free(b.free_slots);
     bi_free_aligned(buf);

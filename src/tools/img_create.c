@@ -212,7 +212,9 @@ static int parse_create_options(const char *filename, const char *fmt,
             key = bi_xasprintf("%.*s", (int)klen, p);
             p += klen;
             if (!strncmp(key, "no", 2)) {
-                memmove(key, key + 2, strlen(key + 2) + 1);
+                char *rest = bi_xstrdup(key + 2);
+                free(key);
+                key = rest;
                 val = bi_xstrdup("off");
             } else {
                 val = bi_xstrdup("on");
