@@ -148,3 +148,35 @@ def test_info_refuses_object(blkimg, imgs):
              cwd=imgs)
     assert (cp.returncode, cp.stdout) == (1, "")
     assert cp.stderr == "blkimg: --object is not supported\n"
+
+
+@pytest.fixture(scope="module")
+def special(qemu_img, tmp_path_factory):
+    """qcow2 images with optional features, made by qemu-img."""
+    d = tmp_path_factory.mktemp("special")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", "-o",
+         "compression_type=zstd", d / "zstd.qcow2", "1M")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", "-o",
+         "data_file=df.raw,data_file_raw=on", d / "datafile.qcow2", "1M")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", d / "bitmaps.qcow2", "1M")
+    qemu(qemu_img, "bitmap", "--add", d / "bitmaps.qcow2", "b0")
+    qemu(qemu_img, "bitmap", "--add", "-g", "128k", d / "bitmaps.qcow2", "b1")
+    qemu(qemu_img, "bitmap", "--disable", d / "bitmaps.qcow2", "b1")
+    qemu(qemu_img, "create", "-q", "-f", "raw", d / "src.raw", "1M")
+    qemu_io("-f", "raw", "-c", "write -P 1 0 512k", d / "src.raw")
+    qemu(qemu_img, "convert", "-c", "-O", "qcow2", d / "src.raw",
+         d / "compressed.qcow2")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", "--object",
+         "secret,id=s0,data=abc", "-o",
+         "encrypt.format=aes,encrypt.key-secret=s0", d / "aes.qcow2", "1M")
+    return d
+
+
+SPECIAL = ["zstd.qcow2", "datafile.qcow2", "bitmaps.qcow2",
+           "compressed.qcow2", "aes.qcow2"]
+
+
+@pytest.mark.parametrize("out", ["human", "json"])
+@pytest.mark.parametrize("name", SPECIAL)
+def test_info_special_qcow2(qemu_img, blkimg, special, name, out):
+    compare(qemu_img, blkimg, ["info", "--output=" + out, name], cwd=special)

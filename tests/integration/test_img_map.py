@@ -101,3 +101,18 @@ def test_map_json_is_json(blkimg, imgs):
     for e in entries:
         assert list(e)[:6] == ["start", "length", "depth", "present", "zero",
                                "data"]
+
+
+@pytest.mark.parametrize("out", ["human", "json"])
+def test_map_compressed_and_data_file(qemu_img, blkimg, tmp_path, out):
+    """Compressed clusters (the human form refuses them, as qemu) and an
+    external raw data file."""
+    d = tmp_path
+    qemu(qemu_img, "create", "-q", "-f", "raw", d / "src.raw", "1M")
+    qemu_io("-f", "raw", "-c", "write -P 1 0 512k", d / "src.raw")
+    qemu(qemu_img, "convert", "-c", "-O", "qcow2", d / "src.raw",
+         d / "compressed.qcow2")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", "-o",
+         "data_file=df.raw,data_file_raw=on", d / "datafile.qcow2", "1M")
+    for name in ("compressed.qcow2", "datafile.qcow2"):
+        compare(qemu_img, blkimg, ["map", "--output=" + out, name], cwd=d)
