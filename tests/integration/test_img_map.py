@@ -116,3 +116,15 @@ def test_map_compressed_and_data_file(qemu_img, blkimg, tmp_path, out):
          "data_file=df.raw,data_file_raw=on", d / "datafile.qcow2", "1M")
     for name in ("compressed.qcow2", "datafile.qcow2"):
         compare(qemu_img, blkimg, ["map", "--output=" + out, name], cwd=d)
+
+
+@pytest.mark.loop
+def test_info_and_map_on_a_block_device(qemu_img, blkimg):
+    """A 4096-byte-sector loop device as a raw image."""
+    from storage import make
+    with make("loop-4k") as st:
+        dev = st.path()
+        qemu_io("-f", "raw", "-t", "none", "-c", "write -P 1 0 64k", dev)
+        for args in (["info"], ["info", "--output=json"], ["map"],
+                     ["map", "--output=json"]):
+            compare(qemu_img, blkimg, args + ["-f", "raw", dev], cwd="/")
