@@ -35,6 +35,9 @@ static void usage(const char *name)
            "                       commands are read from standard input)\n"
            "  -f, --format FMT     image format (raw, qcow2, file)\n"
            "  -r, --read-only      open the image read-only\n"
+           "  -s, --snapshot       writes go to a temporary overlay; the "
+           "image\n"
+           "                       itself is not modified\n"
            "  -n, --nocache        bypass the host page cache, short for "
            "-t none\n"
            "  -m, --misalign       misalign I/O buffers (exercises bouncing)\n"
@@ -55,9 +58,7 @@ static void usage(const char *name)
            "  -h, --help           display this help and exit\n"
            "  -V, --version        output version information and exit\n"
            "\n"
-           "Not supported: -s (--snapshot), -C (--copy-on-read), -T "
-           "(--trace),\n"
-           "--object.\n"
+           "Not supported: -C (--copy-on-read), -T (--trace), --object.\n"
            "\n"
            "See '%s -c help' for information on available commands.\n",
            name, name);
@@ -218,8 +219,8 @@ int main(int argc, char **argv)
     while ((c = getopt_long(argc, argv, sopt, lopt, NULL)) != -1) {
         switch (c) {
         case 's':
-            io_error_report("snapshot mode (-s) is not supported");
-            exit(1);
+            req.snapshot = true;
+            break;
         case 'C':
             io_error_report("copy-on-read (-C) is not supported");
             exit(1);

@@ -2239,6 +2239,66 @@ static int check_driver_opt(const char *prefix, const char *fmt, const char *kv)
     return -EINVAL;
 }
 
+/* Snapshot mode (-s): the image, opened read-only, becomes the backing
+ * file of a temporary qcow2 overlay that takes all writes; the overlay is
+ * unlinked once open, so it disappears with the process. */
+static bi_node *open_snapshot(bi_node *base, const char *fname,
+                              const struct bi_open_opts *bo, const char *prefix)
+{
+    const char *dir = getenv("TMPDIR");
+    char *tmp, *real = realpath(fname, NULL);
+    struct bi_create_opts co;
+    struct bi_open_opts o = *bo;
+    const char *fmt = bi_node_format(base);
+    int64_t size = bi_getlength(base);
+    bi_node *n = NULL;
+    bi_error err;
+    int fd;
+
+    tmp = bi_xasprintf("%s/blkimg-io-snapshot.XXXXXX",
+                       dir && *dir ? dir : "/var/tmp");
+    bi_close(base, NULL);
+    if (!real || size < 0) {
+        io_error_report("%sCould not resolve '%s': %s", prefix, fname,
+                        strerror(size < 0 ? (int)-size : errno));
+        goto out;
+    }
+    fd = mkstemp(tmp);
+    if (fd < 0) {
+        io_error_report("%sCould not create temporary overlay '%s': %s", prefix,
+                        tmp, strerror(errno));
+        goto out;
+    }
+    close(fd);
+    memset(&co, 0, sizeof(co));
+    co.format = "qcow2";
+    co.size = (uint64_t)size;
+    co.size_set = true;
+    co.backing_file = real;
+    co.backing_fmt = fmt;
+    co.quiet = true;
+    bi_error_init(&err);
+    if (bi_create(tmp, &co, &err) < 0) {
+        io_error_report("%sCould not create temporary overlay '%s': %s", prefix,
+                        tmp, err.msg);
+        unlink(tmp);
+        goto out;
+    }
+    o.format = "qcow2";
+    o.driver_opts = NULL;
+    o.quiet_probe = true;
+    bi_error_init(&err);
+    n = bi_open(tmp, &o, &err);
+    unlink(tmp);
+    if (!n) {
+        io_error_report("%s%s", prefix, open_error_text(&err, tmp));
+    }
+out:
+    free(real);
+    free(tmp);
+    return n;
+}
+
 int io_openfile(const char *name, struct io_open_req *r)
 {
     const struct bi_optlist *l = &r->opts;
@@ -2444,6 +2504,9 @@ int io_openfile(const char *name, struct io_open_req *r)
     o.no_lock = no_lock;
     o.driver_opts = nd ? dopts : NULL;
 
+    if (r->snapshot) {
+        o.read_write = false; /* the image is the overlay's backing file */
+    }
     bi_error_init(&err);
     n = bi_open(fname, &o, &err);
     if (!n) {
@@ -2457,6 +2520,13 @@ int io_openfile(const char *name, struct io_open_req *r)
                 bi_close(n, NULL);
                 goto out;
             }
+        }
+    }
+    if (r->snapshot) {
+        o.read_write = !read_only;
+        n = open_snapshot(n, fname, &o, prefix);
+        if (!n) {
+            goto out;
         }
     }
     g_node = n;
@@ -2483,7 +2553,7 @@ static void open_help(void)
            "   with the host page cache bypassed (O_DIRECT)\n"
            "\n"
            " -r, -- read-only\n"
-           " -s, -- snapshot mode (not supported by blkimg)\n"
+           " -s, -- snapshot mode: writes go to a temporary overlay\n"
            " -C, -- copy-on-read (not supported by blkimg)\n"
            " -n, -- bypass the host page cache, short for -t none\n"
            " -U, -- force shared permissions (read-only images only)\n"
@@ -2516,9 +2586,8 @@ static int open_f(int argc, char **argv)
     while ((c = getopt(argc, argv, "snCro:ki:t:d:U")) != -1) {
         switch (c) {
         case 's':
-            io_error_report("snapshot mode (-s) is not supported");
-            io_open_req_free(&r);
-            return -ENOTSUP;
+            r.snapshot = true;
+            break;
         case 'C':
             io_error_report("copy-on-read (-C) is not supported");
             io_open_req_free(&r);

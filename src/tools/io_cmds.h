@@ -35,6 +35,7 @@ struct io_open_req {
     bool aio_set;
     enum bi_aio aio;
     bool unmap;             /* discard=unmap (default) or ignore */
+    bool snapshot;          /* -s: writes go to a temporary overlay */
     struct bi_optlist opts; /* QEMU dotted options (driver, file.filename..) */
 };
 void io_open_req_init(struct io_open_req *r);

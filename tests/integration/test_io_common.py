@@ -34,8 +34,10 @@ _ASAN_NOTICE = re.compile(
     r".*\n", re.M)
 
 
-def run(argv, cwd, stdin=None, timeout=120):
-    cp = subprocess.run([str(a) for a in argv], cwd=str(cwd),
+def run(argv, cwd, stdin=None, timeout=120, env=None):
+    if env is not None:
+        env = dict(os.environ, **env)
+    cp = subprocess.run([str(a) for a in argv], cwd=str(cwd), env=env,
                         input=stdin if stdin is not None else None,
                         stdin=None if stdin is not None else
                         subprocess.DEVNULL,
@@ -72,16 +74,17 @@ class Pair:
         for d in (self.q, self.b):
             (d / name).write_bytes(data)
 
-    def run_both(self, args, stdin=None):
-        q = run([self.qemu_io] + list(args), self.q, stdin)
-        b = run([self.blkimg_io] + list(args), self.b, stdin)
+    def run_both(self, args, stdin=None, env=None):
+        q = run([self.qemu_io] + list(args), self.q, stdin, env=env)
+        b = run([self.blkimg_io] + list(args), self.b, stdin, env=env)
         return q, b
 
-    def compare(self, args, stdin=None, files=None, mask_timing=True):
+    def compare(self, args, stdin=None, files=None, mask_timing=True,
+                env=None):
         """Runs both tools and asserts equal stdout, stderr (program name
         substituted), exit code and resulting files. Returns the blkimg-io
         CompletedProcess."""
-        q, b = self.run_both(args, stdin)
+        q, b = self.run_both(args, stdin, env)
         qo, bo = as_blkimg(q.stdout), b.stdout
         qe, be = as_blkimg(q.stderr), b.stderr
         if mask_timing:

@@ -492,3 +492,36 @@ def test_merged_streams(pair):
                             stdin=subprocess.DEVNULL)
         outs.append((mask(as_blkimg(cp.stdout)), cp.returncode))
     assert outs[1] == outs[0]
+
+
+@pytest.mark.parametrize("args", [
+    ["-s", "-f", "raw"] + cmds("write -P 1 0 512", "read -P 1 0 512", "info",
+                               "map", "alloc 0 1M", "length",
+                               "truncate 2M", "length"),
+    ["-s"] + cmds("write -P 7 0 1", "read -P 7 0 1", "read -P 0 1 511"),
+    ["-s", "-r", "-f", "raw"] + cmds("write 0 1", "read -P 0 0 1"),
+    ["-s", "-t", "none", "-f", "raw"] + cmds("write -P 2 1 1",
+                                             "read -v 0 4"),
+    cmds("open -s -o driver=raw a.img", "write 0 1", "map", "close",
+         "open -o driver=raw a.img", "read -P 0 0 1"),
+], ids=["raw", "probed", "read-only", "nocache", "open-s"])
+def test_snapshot_mode(pair, tmp_path, args):
+    """-s: writes go to a temporary overlay; the image stays as it was and
+    the overlay leaves nothing behind."""
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    before = (pair.b / "a.img").read_bytes()
+    pair.compare(args + ["a.img"] if "open -s" not in " ".join(args)
+                 else args, files=["a.img"], env={"TMPDIR": str(tmpdir)})
+    assert (pair.b / "a.img").read_bytes() == before
+    assert list(tmpdir.iterdir()) == []
+
+
+def test_snapshot_qcow2(tmp_path, blkimg_io, qemu_io):
+    p = Pair(tmp_path, blkimg_io, qemu_io)
+    p.create("a.qcow2", MIB, fmt="qcow2")
+    p.compare(cmds("write -P 3 0 64k") + ["a.qcow2"])
+    p.compare(["-s"] + cmds("write -P 7 0 4k", "map", "read -P 7 0 4k",
+                            "read -P 3 4k 60k", "info") + ["a.qcow2"],
+              files=["a.qcow2"])
+    p.compare(cmds("read -P 3 0 64k", "map") + ["a.qcow2"])
