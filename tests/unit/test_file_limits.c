@@ -255,6 +255,24 @@ static void test_hole(void)
     expect("hole+statx", &l, 512, BI_SRC_STATX, 512, 4096, BI_SRC_STATX);
 }
 
+static void test_nfs(void)
+{
+    struct bi_file_limit_facts f = facts(true, 4096);
+    struct bi_limits l;
+
+    /* NFS: O_DIRECT at any offset from any buffer; no probing (a probe
+     * would accept 1 byte and fall back to 4096 for nothing). */
+    f.byte_aligned_fs = true;
+    bi_file_limits_compute(&f, &l);
+    expect("nfs", &l, 1, BI_SRC_DRIVER, 1, 4096, BI_SRC_DRIVER);
+
+    /* A kernel statement still wins. */
+    f.statx_offset_align = 4096;
+    f.statx_mem_align = 4;
+    bi_file_limits_compute(&f, &l);
+    expect("nfs+statx", &l, 4096, BI_SRC_STATX, 4, 4096, BI_SRC_STATX);
+}
+
 static void test_first_block(void)
 {
     struct {
@@ -370,6 +388,7 @@ int main(void)
     test_xfs();
     test_probe();
     test_hole();
+    test_nfs();
     test_first_block();
     test_fs_name();
     test_locks();

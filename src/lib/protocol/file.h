@@ -34,6 +34,9 @@ struct bi_file_limit_facts {
     uint32_t dma_align;
     /* XFS_IOC_DIOINFO: d_miniosz (d_mem is not trusted) */
     uint32_t xfs_miniosz;
+    /* The filesystem passes O_DIRECT through without alignment rules
+     * (NFS: requests go over the wire from any buffer). */
+    bool byte_aligned_fs;
 
     /* O_DIRECT read probes at offset 0 into a page-aligned buffer.
      * probed: the probes ran. probe_request: smallest request length of

@@ -61,6 +61,17 @@ void bi_file_limits_compute(const struct bi_file_limit_facts *f,
         return;
     }
 
+    /* NFS takes any alignment with O_DIRECT (what QEMU knows too); only a
+     * statement from the kernel overrides that. */
+    if (f->byte_aligned_fs && !f->statx_offset_align) {
+        out->request_alignment = 1;
+        out->request_alignment_source = BI_SRC_DRIVER;
+        out->min_mem_alignment = 1;
+        out->mem_alignment_source = BI_SRC_DRIVER;
+        out->opt_mem_alignment = page;
+        return;
+    }
+
     /* Request (offset and length) alignment. */
     if (f->statx_offset_align) {
         out->request_alignment = f->statx_offset_align;
@@ -317,13 +328,18 @@ void bi_file_limits_detect(int fd, bool direct, const struct stat *st,
         if (ioctl(fd, BLKSSZGET, &ss) == 0 && ss > 0) {
             f->blkssz = (uint32_t)ss;
         }
-    } else if (!f->is_blockdev && !skip_source("xfs")) {
+    } else if (!f->is_blockdev) {
         struct bi_xfs_dioattr da;
         struct statfs sf;
-        if (fstatfs(fd, &sf) == 0 && (unsigned long)sf.f_type == 0x58465342 &&
-            ioctl(fd, BI_XFS_IOC_DIOINFO, &da) == 0 && da.d_miniosz &&
-            bi_is_pow2(da.d_miniosz)) {
-            f->xfs_miniosz = da.d_miniosz;
+        if (fstatfs(fd, &sf) == 0) {
+            if ((unsigned long)sf.f_type == 0x58465342 && !skip_source("xfs") &&
+                ioctl(fd, BI_XFS_IOC_DIOINFO, &da) == 0 && da.d_miniosz &&
+                bi_is_pow2(da.d_miniosz)) {
+                f->xfs_miniosz = da.d_miniosz;
+            }
+            if ((unsigned long)sf.f_type == 0x6969 /* NFS_SUPER_MAGIC */) {
+                f->byte_aligned_fs = true;
+            }
         }
     }
 
