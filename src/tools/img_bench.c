@@ -194,7 +194,7 @@ int img_bench(int argc, char **argv)
     };
     const char *fmt = NULL, *filename;
     bool image_opts = false, is_write = false, force_share = false;
-    bool stats = false, random = false, native = false;
+    bool stats = false, random = false, native = false, uring = false;
     int count = 75000, depth = 64, pattern = 0, flush_interval = 0;
     int64_t offset = 0;
     int bufsize = 4096, step = 0;
@@ -239,13 +239,24 @@ int img_bench(int argc, char **argv)
         case 'n':
             native = true;
             break;
-        case 'i':
-            if (bi_aio_parse(optarg, &aio) < 0) {
+        case 'i': {
+            enum bi_aio a;
+            if (bi_aio_parse(optarg, &a) < 0) {
                 tool_error("Invalid aio option: %s", optarg);
                 return 1;
             }
-            aio_set = true;
+            /* as qemu's flags: native wins over io_uring over threads,
+             * whatever the order */
+            if (a == BI_AIO_NATIVE) {
+                native = true;
+            } else if (a == BI_AIO_IO_URING) {
+                uring = true;
+            } else {
+                aio_set = true;
+                aio = BI_AIO_THREADS;
+            }
             break;
+        }
         case 'o': {
             offset = tool_cvtnum("offset", optarg);
             if (offset < 0) {
@@ -329,6 +340,10 @@ int img_bench(int argc, char **argv)
     }
     filename = argv[argc - 1];
 
+    if (native || uring) {
+        aio = native ? BI_AIO_NATIVE : BI_AIO_IO_URING;
+        aio_set = true;
+    }
     if (!is_write && flush_interval) {
         tool_error("--flush-interval is only available in write tests");
         return 1;
@@ -336,10 +351,6 @@ int img_bench(int argc, char **argv)
     if (flush_interval && flush_interval < depth) {
         tool_error("Flush interval can't be smaller than depth");
         return 1;
-    }
-    if (native && !aio_set) {
-        aio = BI_AIO_NATIVE;
-        aio_set = true;
     }
 
     struct tool_image ti;
