@@ -145,3 +145,45 @@ def test_write_zeroes_block_device(storage_loop_4k, bi_helper):
     drop_caches(path)
     data = read_back(path, 0, 65536)
     assert data == b"\x77" * 8192 + b"\0" * 16384 + b"\x77" * (65536 - 24576)
+
+
+ZERO_CMDS = [
+    ["write -z 65536 131072"],
+    ["write -z -u 65536 131072"],
+    ["discard 65536 131072"],
+    ["write -z -u 4096 512"],          # below the block size: no punch
+    ["write -z 1048064 512", "write -z -u 0 4096"],
+]
+
+
+@pytest.mark.qemu
+@pytest.mark.parametrize("cmds", ZERO_CMDS, ids=lambda c: "+".join(c))
+@pytest.mark.parametrize("cache", ["none", "writeback"])
+def test_zeroes_and_discard_like_qemu(any_storage, blkimg_io, qemu_io,
+                                      cmds, cache):
+    """Write-zeroes (with and without unmap) and discard leave the same
+    bytes and the same allocation map as QEMU 7.2 on the same storage."""
+    st = any_storage
+    if st.is_block_device:
+        paths = [st.device]
+    else:
+        paths = [st.path("ours.img"), st.path("theirs.img")]
+    results = []
+    for tool, path in zip((blkimg_io, qemu_io), paths * 2):
+        if st.is_block_device or not os.path.exists(path):
+            with open(path, "r+b" if st.is_block_device else "wb") as f:
+                f.write(b"\xc3" * MiB)
+                f.flush()
+                os.fsync(f.fileno())
+        args = [tool, "-f", "raw", "-t", cache]
+        for c in cmds:
+            args += ["-c", c]
+        cp = subprocess.run(args + [path], capture_output=True, text=True)
+        assert cp.returncode == 0, (tool, cp.stdout, cp.stderr)
+        drop_caches(path)
+        m = None if st.is_block_device else qemu_map(path)
+        results.append((read_back(path, 0, MiB), m))
+    (ours_data, ours_map), (theirs_data, theirs_map) = results
+    assert ours_data == theirs_data
+    if not st.is_block_device:
+        assert ours_map == theirs_map
