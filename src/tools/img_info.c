@@ -24,7 +24,8 @@ struct info_item {
 static char *path_combine(const char *base, const char *name)
 {
     const char *slash;
-    if (name[0] == '/' || strchr(name, ':')) {
+    if (name[0] == '/' || name[strcspn(name, ":/")] == ':') {
+        /* absolute, or "protocol:..." */
         return bi_xstrdup(name);
     }
     slash = strrchr(base, '/');

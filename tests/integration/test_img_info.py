@@ -124,6 +124,22 @@ def test_info_dirty_and_corrupt_flags(qemu_img, blkimg, tmp_path, flags):
             cwd=tmp_path)
 
 
+def test_info_backing_in_subdirectories(qemu_img, blkimg, tmp_path):
+    """Relative backing names resolve against the overlay's directory (a
+    colon after a slash is no protocol prefix)."""
+    sub = tmp_path / "sub"
+    (sub / "d").mkdir(parents=True)
+    qemu(qemu_img, "create", "-q", "-f", "raw", sub / "d" / "a:b.raw", "1M")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", "-b", "d/a:b.raw", "-F",
+         "raw", sub / "mid.qcow2")
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", "-b", "mid.qcow2", "-F",
+         "qcow2", sub / "top.qcow2")
+    for extra in ([], ["--backing-chain"], ["--output=json"],
+                  ["--backing-chain", "--output=json"]):
+        compare(qemu_img, blkimg, ["info"] + extra + ["sub/top.qcow2"],
+                cwd=tmp_path)
+
+
 def test_info_backing_loop(qemu_img, blkimg, tmp_path):
     qemu(qemu_img, "create", "-q", "-f", "qcow2", tmp_path / "l1.qcow2", "1M")
     qemu(qemu_img, "create", "-q", "-f", "qcow2", "-b", "l1.qcow2", "-F",
