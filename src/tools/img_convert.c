@@ -137,7 +137,9 @@ int cv_parse_image_opts(const char *s, struct bi_open_opts *o,
         }
     }
     if (!fname) {
-        cv_err("A block device must be specified for \"file\"");
+        cv_err("Could not open '%s': A block device must be specified for "
+               "\"file\"",
+               s);
         goto fail;
     }
     *filename = fname;
@@ -449,10 +451,6 @@ int img_convert(int argc, char **argv)
         cv_err("--target-image-opts requires use of -n flag");
         goto out_noprog;
     }
-    if (tgt_image_opts && out_fmt) {
-        cv_err("--target-image-opts and -O are mutually exclusive");
-        goto out_noprog;
-    }
     n_src = argc - optind - 1;
     const char *out_filename = n_src >= 1 ? argv[argc - 1] : NULL;
     if (n_src < 1) {
@@ -569,8 +567,8 @@ int img_convert(int argc, char **argv)
         cv_err("Invalid cache option: %s", cache);
         goto out;
     }
-    dst = cv_open(out_filename, tgt_image_opts ? NULL : out_fmt, tgt_image_opts,
-                  tcache, true, false, true);
+    dst = cv_open(out_filename, out_fmt, tgt_image_opts, tcache, true, false,
+                  true);
     if (!dst) {
         goto out;
     }

@@ -408,3 +408,57 @@ def test_backing_target_writes_only_top(qemu_img, blkimg, tmp_path):
                                   capture_output=True, check=True).stdout)
     top_data = sum(x["length"] for x in m if x["depth"] == 0 and x["data"])
     assert top_data == 128 * 1024
+
+
+IMAGE_OPTS_CASES = [
+    ["convert", "--image-opts", "-O", "raw", "driver=raw,file.filename=SRC",
+     "x"],
+    ["convert", "--image-opts", "-O", "raw", "driver=qcow2,file.filename=QS",
+     "x"],
+    ["convert", "--image-opts", "-O", "raw", "file.filename=SRC", "x"],
+    ["convert", "--image-opts", "-O", "raw",
+     "driver=raw,file.driver=file,file.filename=SRC", "x"],
+    ["convert", "--image-opts", "-f", "raw", "-O", "raw",
+     "driver=raw,file.filename=SRC", "x"],
+    ["convert", "--image-opts", "-O", "raw", "driver=raw", "x"],
+    ["convert", "-n", "--target-image-opts", "SRC",
+     "driver=raw,file.filename=y"],
+    ["convert", "-n", "--target-image-opts", "-O", "raw", "SRC",
+     "driver=raw,file.filename=y"],
+    ["convert", "-p", "-O", "raw", "SRC", "QS", "SRC", "x"],
+    ["convert", "-p", "-S", "0", "-O", "qcow2", "QS", "x"],
+    ["convert", "-c", "-p", "-O", "qcow2", "-o", "cluster_size=4k", "SRC",
+     "x"],
+    ["convert", "-p", "-O", "qcow2", "-B", "SRC", "-F", "raw", "QS", "x"],
+]
+
+
+@pytest.mark.parametrize("args", IMAGE_OPTS_CASES, ids=" ".join)
+def test_image_opts_and_more_match_qemu(qemu_img, blkimg, tmp_path, src,
+                                        args):
+    qs = qemu_qcow2(qemu_img, src, tmp_path / "s.qcow2")
+    os.sync()
+    args = [a.replace("SRC", src).replace("QS", qs) for a in args]
+    outs = []
+
+    def prep():
+        for n in ("x", "y"):
+            if os.path.exists(tmp_path / n):
+                os.unlink(tmp_path / n)
+        with open(tmp_path / "y", "wb") as f:
+            f.truncate(os.path.getsize(src) * 3)
+    for tool in (qemu_img, blkimg):
+        prep()
+        outs.append(run2(tool, args, cwd=tmp_path))
+        for n in ("x", "y"):
+            p = tmp_path / n
+            if os.path.exists(p):
+                os.rename(p, tmp_path / (n + "." + os.path.basename(tool)))
+    assert outs[1] == outs[0]
+    for n in ("x", "y"):
+        a = tmp_path / (n + ".qemu-img")
+        b = tmp_path / (n + "." + os.path.basename(blkimg))
+        if os.path.exists(a) and outs[0][0] == 0:
+            cp = subprocess.run([qemu_img, "compare", a, b],
+                                capture_output=True, text=True)
+            assert cp.stdout == "Images are identical.\n"
