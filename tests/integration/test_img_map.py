@@ -3,6 +3,7 @@
 (7.2's keys and layout), backing chains, --start-offset/--max-length,
 errors and exit codes."""
 import json
+import os
 
 import pytest
 
@@ -128,3 +129,28 @@ def test_info_and_map_on_a_block_device(qemu_img, blkimg):
         for args in (["info"], ["info", "--output=json"], ["map"],
                      ["map", "--output=json"]):
             compare(qemu_img, blkimg, args + ["-f", "raw", dev], cwd="/")
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("kind", ["disk", "ext4-4k", "xfs-4k", "tmpfs"])
+def test_map_on_real_storage(qemu_img, blkimg, kind):
+    """Holes and data as each file system reports them (SEEK_DATA /
+    SEEK_HOLE granularity differs), raw and qcow2, as qemu-img sees them."""
+    from storage import make
+    with make(kind) as st:
+        d = st.dir
+        qemu(qemu_img, "create", "-q", "-f", "raw", os.path.join(d, "h.raw"),
+             "8M")
+        with open(os.path.join(d, "h.raw"), "r+b") as f:
+            f.truncate(0)  # block 0 a hole, then islands of data
+            f.truncate(8 << 20)
+            for off, n in ((4096, 512), (1 << 20, 70000), (7 << 20, 4096)):
+                f.seek(off)
+                f.write(b"\x55" * n)
+        qemu(qemu_img, "create", "-q", "-f", "qcow2",
+             os.path.join(d, "q.qcow2"), "8M")
+        qemu_io("-f", "qcow2", "-c", "write -P 1 64k 64k", "-c",
+                "write -z 1M 64k", os.path.join(d, "q.qcow2"))
+        for name, fmt in (("h.raw", "raw"), ("q.qcow2", "qcow2")):
+            for args in (["map"], ["map", "--output=json"]):
+                compare(qemu_img, blkimg, args + ["-f", fmt, name], cwd=d)
