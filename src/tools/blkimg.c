@@ -98,11 +98,18 @@ static bool have_cmd(const char *name)
     return false;
 }
 
+/* Installed as "qemu-img" (a drop-in), the first line reads as the qemu-img
+ * version whose interface we implement, so that scripts checking for a
+ * minimum qemu-img version accept it. */
 static void print_version(void)
 {
-    printf("%s version " BLKIMG_VERSION " (qemu-img 7.2 compatible)\n"
-           "Copyright (c) 2026 the blkimg authors\n",
-           tool_prog);
+    if (!strncmp(tool_prog, "qemu-img", 8)) {
+        printf("%s version 7.2.0 (blkimg " BLKIMG_VERSION ")\n", tool_prog);
+    } else {
+        printf("%s version " BLKIMG_VERSION " (qemu-img 7.2 compatible)\n",
+               tool_prog);
+    }
+    printf("Copyright (c) 2026 the blkimg authors\n");
 }
 
 void img_help(void)

@@ -46,3 +46,16 @@ def test_dispatch_runs_the_command(blkimg, tmp_path):
     assert (cp.returncode, cp.stdout, cp.stderr) == (0, "", "")
     cp = run([blkimg, "info", "--output=json", tmp_path / "x.raw"])
     assert cp.returncode == 0 and '"virtual-size": 4096' in cp.stdout
+
+
+def test_version_as_qemu_img(blkimg, tmp_path):
+    """Installed under qemu-img's name, the version line parses as the
+    qemu-img version implemented (scripts check minimum versions)."""
+    import os
+    import re
+    link = tmp_path / "qemu-img"
+    os.symlink(blkimg, link)
+    cp = run([link, "--version"])
+    assert cp.returncode == 0
+    m = re.match(r"qemu-img version ([0-9.]+) \(blkimg ", cp.stdout)
+    assert m and m.group(1) == "7.2.0", cp.stdout
