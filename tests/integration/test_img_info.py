@@ -196,3 +196,26 @@ SPECIAL = ["zstd.qcow2", "datafile.qcow2", "bitmaps.qcow2",
 @pytest.mark.parametrize("name", SPECIAL)
 def test_info_special_qcow2(qemu_img, blkimg, special, name, out):
     compare(qemu_img, blkimg, ["info", "--output=" + out, name], cwd=special)
+
+
+def test_info_map_bench_on_an_image_qemu_holds(qemu_img, blkimg, tmp_path):
+    """QEMU's image locks: a qcow2 open read-write in qemu-io is refused
+    without -U, with qemu-img's two-line message; -U reads it."""
+    import subprocess
+    import time
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", tmp_path / "lk.qcow2",
+         "1M")
+    holder = subprocess.Popen(["qemu-io", "lk.qcow2"], cwd=tmp_path,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    try:
+        time.sleep(0.5)
+        for args in (["info", "lk.qcow2"], ["map", "lk.qcow2"],
+                     ["info", "-U", "lk.qcow2"],
+                     ["map", "-U", "--output=json", "lk.qcow2"],
+                     ["bench", "-c", "1", "lk.qcow2"],
+                     ["bench", "-c", "1", "-w", "lk.qcow2"]):
+            compare(qemu_img, blkimg, args, cwd=tmp_path,
+                    mask=lambda s: s.split("Run completed")[0])
+    finally:
+        holder.communicate(b"quit\n", timeout=30)
