@@ -525,3 +525,21 @@ def test_snapshot_qcow2(tmp_path, blkimg_io, qemu_io):
                             "read -P 3 4k 60k", "info") + ["a.qcow2"],
               files=["a.qcow2"])
     p.compare(cmds("read -P 3 0 64k", "map") + ["a.qcow2"])
+
+
+def test_drop_in_as_qemu_io(pair, tmp_path):
+    """Installed under the name qemu-io (a symlink), blkimg-io names itself
+    so: prompt and messages are byte for byte qemu-io's."""
+    import os
+    link = tmp_path / "bin" / "qemu-io"
+    link.parent.mkdir()
+    os.symlink(pair.blkimg_io, link)
+    alias = Pair.__new__(Pair)
+    alias.q, alias.b = pair.q, pair.b
+    alias.qemu_io, alias.blkimg_io = pair.qemu_io, "qemu-io"
+    env = {"PATH": "%s:%s" % (link.parent, os.environ.get("PATH", ""))}
+    script = "write -P 1 0 512\nread -P 2 0 512\nbogus\nread 2M 1\nopen x\n"
+    q, b = alias.run_both(["-f", "raw", "a.img"], stdin=script, env=env)
+    assert (mask(b.stdout), b.stderr, b.returncode) == \
+        (mask(q.stdout), q.stderr, q.returncode)
+    assert b.stdout.startswith("qemu-io> wrote 512/512 bytes at offset 0\n")
