@@ -73,9 +73,23 @@ def verify_runs(run, blkimg_io, path, want, fmt="qcow2"):
             (cp.stdout + cp.stderr)[-2000:]
 
 
-def check_same(run, qemu_img, qemu_io, blkimg_io, path, tmp_path):
+def same_output(run, qemu_img, blkimg, *args):
+    q = run(qemu_img, *args)
+    b = run(blkimg, *args)
+    assert b.returncode == q.returncode, b.stderr
+    assert b.stdout == q.stdout, args
+    assert b.stderr.replace("blkimg:", "qemu-img:") == q.stderr
+
+
+def check_same(run, qemu_img, qemu_io, blkimg_io, path, tmp_path,
+               blkimg=None):
     want = qemu_content(run, qemu_img, path, tmp_path)
     verify_runs(run, blkimg_io, path, want)
+    if blkimg is None:
+        blkimg = os.path.join(os.path.dirname(blkimg_io), "blkimg")
+    for args in (["map", "--output=json"], ["info", "--output=json"],
+                 ["info"], ["info", "--backing-chain", "--output=json"]):
+        same_output(run, qemu_img, blkimg, *args, path)
     # allocation map as qemu-io prints it
     q = run(qemu_io, "-r", "-c", "map", path, check=True).stdout
     b = run(blkimg_io, "-r", "-c", "map", path)

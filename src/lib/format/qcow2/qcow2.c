@@ -817,17 +817,10 @@ static int qcow2_co_flush(bi_node *n)
     return ret;
 }
 
+/* QEMU 7.2 counts the qcow2 file only, not an external data file. */
 static int64_t qcow2_get_allocated_file_size(bi_node *n)
 {
-    qcow2_state *s = n->opaque;
-    int64_t a = bi_allocated_file_size(n->file);
-    if (a >= 0 && s->data_file) {
-        int64_t b = bi_allocated_file_size(s->data_file);
-        if (b < 0)
-            return b;
-        a += b;
-    }
-    return a;
+    return bi_allocated_file_size(n->file);
 }
 
 static void kv_str(struct bi_image_info *info, const char *jk, const char *hk,

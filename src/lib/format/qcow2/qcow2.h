@@ -27,6 +27,10 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#ifndef BI_BS_RECURSE /* block.h: refine a data run with the file */
+#define BI_BS_RECURSE (1u << 16)
+#endif
+
 #define QCOW2_MAGIC 0x514649fbU /* "QFI\xfb" */
 
 #define QCOW2_MIN_CLUSTER_BITS 9

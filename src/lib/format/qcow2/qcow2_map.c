@@ -323,6 +323,29 @@ static int map_read(bi_node *n, uint64_t off, uint64_t len,
     return 0;
 }
 
+/* QEMU's test for a metadata-preallocated image: clearly more clusters
+ * are referenced than the file really holds, so data runs may be holes. */
+static int detect_metadata_prealloc(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
+    int64_t flen = bi_getlength(n->file);
+    int64_t alloc = bi_allocated_file_size(n->file);
+    if (flen < 0 || alloc < 0)
+        return 0;
+    uint64_t real = (uint64_t)alloc >> s->cluster_bits;
+    uint64_t threshold = BI_MAX(real * 10 / 9, real + 2);
+    uint64_t end = qc_size_to_clusters(s, (uint64_t)flen);
+    uint64_t count = 0;
+    for (uint64_t i = 0; i < end && count <= threshold; i++) {
+        uint64_t rc;
+        int ret = qc_get_refcount(n, i, &rc);
+        if (ret < 0)
+            return ret;
+        count += rc != 0;
+    }
+    return count > threshold;
+}
+
 int qcow2_co_block_status(bi_node *n, uint64_t off, uint64_t len,
                           struct bi_status *st)
 {
@@ -336,7 +359,16 @@ int qcow2_co_block_status(bi_node *n, uint64_t off, uint64_t len,
     if (len > n->size - off)
         len = n->size - off;
     bi_co_mutex_lock(&s->lock);
-    int ret = map_run(n, off, len, false, &r);
+    int ret = 0;
+    if (!s->metadata_prealloc_checked) {
+        ret = detect_metadata_prealloc(n);
+        if (ret >= 0) {
+            s->metadata_prealloc = ret > 0;
+            s->metadata_prealloc_checked = true;
+        }
+    }
+    if (ret >= 0)
+        ret = map_run(n, off, len, false, &r);
     bi_co_mutex_unlock(&s->lock);
     if (ret < 0)
         return ret;
@@ -364,6 +396,8 @@ int qcow2_co_block_status(bi_node *n, uint64_t off, uint64_t len,
     if (st->flags & BI_BS_OFFSET_VALID) {
         st->offset = r.host;
         st->file = qc_data_node(n);
+        if (s->metadata_prealloc && (st->flags & BI_BS_DATA))
+            st->flags |= BI_BS_RECURSE;
     }
     if (off + st->len >= n->size)
         st->flags |= BI_BS_EOF;
