@@ -14,7 +14,7 @@ PACKAGES=(
     meson ninja-build pkg-config gcc libc6-dev
     liburing-dev zlib1g-dev libzstd-dev libcmocka-dev
     # tests
-    python3 python3-pytest python3-pytest-timeout
+    python3 python3-pytest python3-pytest-timeout python3-pytest-xdist
     qemu-utils fio xfsprogs e2fsprogs util-linux mount
     # format check
     clang-format

@@ -17,6 +17,8 @@
 #   BLKIMG_NO_ASAN=1                  skip the sanitizer build and run
 #   PYTEST_ARGS                       extra pytest arguments (e.g. "-k info")
 #   PYTEST_TIMEOUT                    per-test timeout in seconds (600)
+#   PYTEST_JOBS                       parallel pytest workers (2, needs
+#                                     pytest-xdist; 1 runs them in order)
 set -uo pipefail
 
 cd "$(dirname "$0")/.."
@@ -26,6 +28,7 @@ ASAN_BUILD=${BLKIMG_ASAN_BUILD:-build-asan}
 PY=/usr/bin/python3
 [ -x "$PY" ] || PY=python3
 PYTEST_TIMEOUT=${PYTEST_TIMEOUT:-600}
+PYTEST_JOBS=${PYTEST_JOBS:-2}
 
 export ASAN_OPTIONS_CHECK="halt_on_error=1:abort_on_error=0:detect_leaks=1:print_stacktrace=1:exitcode=86"
 export UBSAN_OPTIONS_CHECK="halt_on_error=1:abort_on_error=0:print_stacktrace=1:exitcode=86"
@@ -87,9 +90,13 @@ pysuite() {
     if "$PY" -c 'import pytest_timeout' 2>/dev/null; then
         timeout_args=(--timeout="$PYTEST_TIMEOUT")
     fi
+    local jobs_args=()
+    if [ "$PYTEST_JOBS" -gt 1 ] && "$PY" -c 'import xdist' 2>/dev/null; then
+        jobs_args=(-n "$PYTEST_JOBS")
+    fi
     # shellcheck disable=SC2086
     BLKIMG_BUILD="$REPO/$dir" "$PY" -m pytest -p no:cacheprovider -q \
-        --tb=short -rfEs --durations=10 "${timeout_args[@]}" \
+        --tb=short -rfEs --durations=10 "${timeout_args[@]}" "${jobs_args[@]}" \
         --junitxml="$xml" "$@" ${PYTEST_ARGS:-} "${suites[@]}" </dev/null
     rc=$?
     local counts
