@@ -86,17 +86,8 @@ static int do_fallocate(struct file_state *s, int mode, uint64_t off,
 struct fd_op {
     int fd;
     unsigned long req; /* ioctl */
-    uint64_t a, b;     /* ftruncate: a = size; ioctl range: a, b */
+    uint64_t a, b;     /* ioctl range: offset, length */
 };
-
-static int ftruncate_work(void *arg)
-{
-    struct fd_op *op = arg;
-    if (ftruncate(op->fd, (off_t)op->a) < 0) {
-        return -errno;
-    }
-    return 0;
-}
 
 static int range_ioctl_work(void *arg)
 {
@@ -106,12 +97,6 @@ static int range_ioctl_work(void *arg)
         return -errno;
     }
     return 0;
-}
-
-static int fd_ftruncate(int fd, uint64_t size)
-{
-    struct fd_op op = {.fd = fd, .a = size};
-    return run_work(ftruncate_work, &op);
 }
 
 static int64_t fd_size(int fd, bool is_blk)
@@ -528,27 +513,23 @@ static int file_co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len,
         return (int)size;
     }
 
-    if ((flags & BI_REQ_MAY_UNMAP) && !s->no_punch) {
-        ret = 0;
-        if (off < (uint64_t)size) {
-            ret = do_fallocate(s, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
-                               off, BI_MIN(end, (uint64_t)size) - off);
-        }
+    if ((flags & BI_REQ_MAY_UNMAP) && !s->no_punch && off < (uint64_t)size) {
+        ret = do_fallocate(s, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, off,
+                           BI_MIN(end, (uint64_t)size) - off);
         if (ret == 0) {
-            if (end > (uint64_t)size) {
-                /* Extending reads back as zeroes. */
-                ret = fd_ftruncate(s->fd, end);
-                if (ret < 0) {
-                    return ret;
-                }
-                n->size = BI_MAX(n->size, end);
+            if (end <= (uint64_t)size) {
+                return 0;
             }
-            return 0;
-        }
-        if (!is_unsupported(ret)) {
+            /* The rest lies past the end of the file: extend it below with
+             * an extend-only call. Never ftruncate here: a concurrent write
+             * past `end` could land first and would be cut off. */
+            off = (uint64_t)size;
+            len = end - off;
+        } else if (!is_unsupported(ret)) {
             return ret;
+        } else {
+            s->no_punch = true;
         }
-        s->no_punch = true;
     }
 
     if (!s->no_zero_range) {
