@@ -28,6 +28,7 @@ struct qc_create {
     const char *data_file;
     bool data_file_raw;
     enum bi_prealloc prealloc;
+    bool prealloc_meta_only; /* L2 tables mapped, no data preallocation */
 };
 
 static int cerr(bi_error *err, int code, const char *fmt, ...)
@@ -239,6 +240,10 @@ static int parse_opts(const struct bi_create_opts *o, struct qc_create *c,
                    "is on");
         goto out;
     }
+    /* a raw data file is the disk: every cluster maps to it from the
+     * start, as QEMU does */
+    if (c->data_file_raw && c->prealloc == BI_PREALLOC_OFF)
+        c->prealloc_meta_only = true;
     if (c->backing_file && !c->backing_fmt) {
         ret =
             cerr(err, -EINVAL, "Backing file specified without backing format");
@@ -348,8 +353,10 @@ static int build_header(const struct qc_create *c, uint8_t *buf,
     if (data_file_name)
         pos = add_ext(buf, pos, QCOW2_EXT_DATA_FILE, data_file_name,
                       (uint32_t)strlen(data_file_name));
+    /* QEMU 7.2 leaves the feature name table out of images with clusters
+     * of 4 KiB and less */
     size_t ft = BI_ARRAY_SIZE(feature_names) * 48;
-    if (c->version >= 3 && need + 8 + ft <= cs) {
+    if (c->version >= 3 && cs > 4096 && need + 8 + ft <= cs) {
         uint8_t tbl[BI_ARRAY_SIZE(feature_names) * 48];
         memset(tbl, 0, sizeof(tbl));
         for (size_t i = 0; i < BI_ARRAY_SIZE(feature_names); i++) {
@@ -418,7 +425,7 @@ static int write_image(const char *filename, const struct qc_create *c,
     uint64_t guest_clusters = (c->size + cs - 1) / cs;
     uint64_t l1_size = (guest_clusters + l2_entries - 1) / l2_entries;
     uint64_t l1_clusters = (l1_size * 8 + cs - 1) / cs;
-    bool prealloc = c->prealloc != BI_PREALLOC_OFF;
+    bool prealloc = c->prealloc != BI_PREALLOC_OFF || c->prealloc_meta_only;
     uint64_t n_l2 = prealloc ? l1_size : 0;
     uint64_t n_data = (prealloc && !c->data_file) ? guest_clusters : 0;
     uint64_t rb_entries = cs * 8 >> c->refcount_order;
