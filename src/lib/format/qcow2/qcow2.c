@@ -292,6 +292,16 @@ static char *dirname_join(const char *base_file, const char *name)
     return bi_xasprintf("%.*s/%s", (int)(slash - base_file), base_file, name);
 }
 
+static bool has_opt(const struct bi_open_opts *o, const char *kv)
+{
+    if (!o || !o->driver_opts)
+        return false;
+    for (const char *const *p = o->driver_opts; *p; p++)
+        if (!strcmp(*p, kv))
+            return true;
+    return false;
+}
+
 struct open_args {
     bi_node *n;
     const struct bi_open_opts *o;
@@ -398,7 +408,10 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
         ret = report_unsupported(s, s->incompat & ~QCOW2_INCOMPAT_KNOWN, err);
         goto out;
     }
-    if ((s->incompat & QCOW2_INCOMPAT_CORRUPT) && !n->read_only) {
+    bool check_mode = has_opt(o, "x-check=on");
+    s->check_mode = check_mode;
+    if ((s->incompat & QCOW2_INCOMPAT_CORRUPT) && !n->read_only &&
+        !check_mode) {
         ret = qerr(err, -EACCES,
                    "qcow2: Image is corrupt; cannot be opened read/write");
         goto out;
@@ -678,7 +691,7 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
         goto out;
 
     if (!n->read_only) {
-        if (s->incompat & QCOW2_INCOMPAT_DIRTY) {
+        if ((s->incompat & QCOW2_INCOMPAT_DIRTY) && !check_mode) {
             struct bi_check_result *res = NULL;
             ret = qcow2_check_image(n, res, BI_CHECK_FIX_ALL, err);
             if (ret < 0) {

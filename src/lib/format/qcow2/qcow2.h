@@ -219,6 +219,7 @@ typedef struct qcow2_state {
 
     bool corrupt;
     bool read_only;
+    bool check_mode; /* opened by check -r: corrupt images open writable */
     bool metadata_prealloc_checked;
     bool metadata_prealloc;
     uint64_t file_size; /* host file size at open, updated on growth */

@@ -454,6 +454,22 @@ int qcow2_check_image(bi_node *n, struct bi_check_result *res_out, int fix,
     if (ret < 0)
         goto out;
     res->image_end_offset = (int64_t)((highest + 1) << s->cluster_bits);
+    if (fix && !s->read_only && !res->check_errors && !res->corruptions &&
+        (s->incompat & (QCOW2_INCOMPAT_DIRTY | QCOW2_INCOMPAT_CORRUPT))) {
+        /* consistent again: mark clean and not corrupt, as QEMU does */
+        ret = qc_flush_metadata(n);
+        if (ret == 0)
+            ret = bi_co_flush(n->file);
+        if (ret == 0)
+            ret =
+                qc_update_incompat(n, s->incompat & ~(QCOW2_INCOMPAT_DIRTY |
+                                                      QCOW2_INCOMPAT_CORRUPT));
+        if (ret < 0) {
+            res->check_errors++;
+            goto out;
+        }
+        s->corrupt = false;
+    }
     if (fix && !s->read_only) {
         ret = qc_flush_metadata(n);
         if (ret == 0)
