@@ -25,6 +25,7 @@ struct img_cmd {
 /* One line per implemented command. */
 static const struct img_cmd img_cmds[] = {
     {"bench", img_bench},
+    {"check", img_check},
     {"compare", img_compare},
     {"convert", img_convert},
     {"create", img_create},
