@@ -286,13 +286,17 @@ def test_stdin_aio_completes_while_waiting(pair):
         p = subprocess.Popen([tool, "-f", "raw", "a.img"], cwd=str(d),
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, text=True)
+        # the first prompt (flushed) says the tool is ready for input
+        prompt = "qemu-io> " if tool == pair.qemu_io else "blkimg-io> "
+        assert p.stdout.read(len(prompt)) == prompt
         p.stdin.write("aio_write -P 1 0 4k\n")
         p.stdin.flush()
-        time.sleep(0.5)
+        time.sleep(1.0)
         p.stdin.write("length\n")
         p.stdin.flush()
         time.sleep(0.2)
         out, err = p.communicate("", timeout=60)
+        out = prompt + out
         outs.append((mask(as_blkimg(out)), as_blkimg(err), p.returncode))
     assert outs[1] == outs[0]
     assert outs[0][0].startswith("blkimg-io> blkimg-io> wrote 4096/4096")
