@@ -33,8 +33,8 @@ enum bi_extent_kind {
 
 struct bi_extent {
     enum bi_extent_kind kind;
-    uint64_t len;       /* guest bytes from the mapped offset */
-    bi_node *host;      /* DATA: node holding the bytes (file/data file) */
+    uint64_t len;         /* guest bytes from the mapped offset */
+    bi_node *host;        /* DATA: node holding the bytes (file/data file) */
     uint64_t host_offset; /* DATA: where the mapped offset lives */
     /* BI_MAP_WRITE only: bytes to write just before / after the guest
      * data, in the same vectored write (copy-on-write of partial clusters).
@@ -55,7 +55,13 @@ enum bi_map_flags {
     BI_MAP_WRITE = 1 << 0, /* allocate as needed; len may be cut short */
 };
 
-struct bi_check_result; /* format-specific; see blkimg/check.h */
+struct bi_check_result; /* format-specific; see blkimg/qcow2.h */
+
+/* co_block_status only (never returned to callers): the data run lies on
+ * a file whose holes read as zeroes, so the generic layer refines it with
+ * the host node's status (QEMU's BDRV_BLOCK_RECURSE; qcow2 sets it for
+ * metadata-preallocated images). */
+#define BI_BS_RECURSE (1u << 16)
 
 struct bi_driver {
     const char *name;
@@ -98,8 +104,7 @@ struct bi_driver {
     uint64_t (*write_granularity)(bi_node *n);
 
     /* Both kinds. */
-    int (*co_pwrite_zeroes)(bi_node *n, uint64_t off, uint64_t len,
-                            int flags);
+    int (*co_pwrite_zeroes)(bi_node *n, uint64_t off, uint64_t len, int flags);
     int (*co_pdiscard)(bi_node *n, uint64_t off, uint64_t len);
     int (*co_flush)(bi_node *n); /* own state only; the generic layer
                                     flushes the children after */
@@ -126,7 +131,7 @@ struct bi_node {
     const struct bi_driver *drv;
     void *opaque;
     char *filename;
-    char *backing_filename;  /* as stored (formats) */
+    char *backing_filename; /* as stored (formats) */
     char *backing_format;
     bi_node *file;    /* protocol child of a format node */
     bi_node *backing; /* backing node, or NULL */
@@ -159,6 +164,15 @@ bi_node *bi_open_protocol(const char *filename, const struct bi_open_opts *o,
 bi_node *bi_open_node(const char *filename, const char *format,
                       const struct bi_open_opts *o, bi_error *err);
 void bi_node_free(bi_node *n);
+
+/* Hints applied to a new image file before its driver creates it
+ * (src/lib/protocol/file_hints.c). */
+struct bi_file_create_hints {
+    bool nocow;
+    uint64_t extent_size_hint; /* bytes; 0 = none */
+};
+int bi_file_apply_create_hints(const char *filename,
+                               const struct bi_file_create_hints *h);
 
 /* Coroutine versions of the public I/O calls: the generic request path.
  * Any alignment, any buffer. */

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct line_key {
     const char *key;
@@ -17,8 +18,8 @@ struct line_key {
 
 /* qemu-img 7.2 prints the creation options in its option table order. */
 static const struct line_key raw_keys[] = {
-    {"size", "", true},
-    {"preallocation", NULL, false},
+    {"size", "", true},     {"preallocation", NULL, false},
+    {"nocow", NULL, false}, {"extent_size_hint", NULL, true},
     {NULL, NULL, false},
 };
 static const struct line_key qcow2_keys[] = {
@@ -34,6 +35,8 @@ static const struct line_key qcow2_keys[] = {
     {"data_file_raw", NULL, false},
     {"lazy_refcounts", "off", false},
     {"refcount_bits", "16", false},
+    {"nocow", NULL, false},
+    {"extent_size_hint", NULL, true},
     {NULL, NULL, false},
 };
 
@@ -73,6 +76,23 @@ static void print_formatting_line(const char *filename,
     fflush(stdout);
 }
 
+/* "key=value" with commas in the value escaped as ",,". */
+static char *escape_opt(const char *k, const char *v)
+{
+    if (!v)
+        return bi_xstrdup(k);
+    size_t n = strlen(k) + 2 * strlen(v) + 2;
+    char *r = bi_xmalloc(n), *p = r;
+    p += sprintf(p, "%s=", k);
+    for (; *v; v++) {
+        *p++ = *v;
+        if (*v == ',')
+            *p++ = ',';
+    }
+    *p = 0;
+    return r;
+}
+
 int bi_create(const char *filename, const struct bi_create_opts *o,
               bi_error *err)
 {
@@ -97,23 +117,73 @@ int bi_create(const char *filename, const struct bi_create_opts *o,
         }
     }
     struct bi_create_opts co = *o;
-    const char *pre = bi_optlist_get(&l, "preallocation");
-    if (pre && bi_prealloc_parse(pre, &co.prealloc) < 0) {
-        bi_error_set(err, 0,
-                     "Parameter 'preallocation' does not accept value '%s'",
-                     pre);
-        bi_optlist_free(&l);
-        return -EINVAL;
-    }
     const char *bf = bi_optlist_get(&l, "backing_file");
     if (bf && !co.backing_file)
         co.backing_file = bf;
     const char *bfmt = bi_optlist_get(&l, "backing_fmt");
     if (bfmt && !co.backing_fmt)
         co.backing_fmt = bfmt;
+    bool is_raw = drv == &bi_drv_raw;
+    if (is_raw && co.backing_fmt && !co.backing_file) {
+        bi_error_set(err, 0,
+                     "%s: Backing file format not supported for file "
+                     "format 'raw'",
+                     filename);
+        bi_optlist_free(&l);
+        return -ENOTSUP;
+    }
     if (!o->quiet)
         print_formatting_line(filename, &co, &l);
-    int ret = drv->create(filename, &co, err);
+
+    int ret = 0;
+    const char *pre = bi_optlist_get(&l, "preallocation");
+    if (pre && bi_prealloc_parse(pre, &co.prealloc) < 0) {
+        if (is_raw)
+            bi_error_set(err, 0, "invalid parameter value: %s", pre);
+        else
+            bi_error_set(err, 0,
+                         "Parameter 'preallocation' does not accept value "
+                         "'%s'",
+                         pre);
+        ret = -EINVAL;
+    } else if (co.backing_fmt && !co.backing_file) {
+        bi_error_set(err, 0,
+                     "Backing format cannot be used without backing file");
+        ret = -EINVAL;
+    }
+    /* Nodes are sized in whole 512-byte sectors, as in QEMU. */
+    co.size = bi_align_up(co.size, 512);
+
+    /* Protocol-level options go to the file, not to the format. */
+    char **fmt_opts = bi_xzalloc((l.n + 1) * sizeof(char *));
+    int nf = 0;
+    /* QEMU gives new files a 1 MiB extent size hint (xfs) by default. */
+    struct bi_file_create_hints hints = {.extent_size_hint = 1 << 20};
+    for (int i = 0; ret == 0 && i < l.n; i++) {
+        const char *k = l.v[i].key, *v = l.v[i].value;
+        if (!strcmp(k, "nocow")) {
+            hints.nocow = v && (!strcmp(v, "on") || !strcmp(v, "true"));
+        } else if (!strcmp(k, "extent_size_hint")) {
+            if (!v || bi_parse_size(v, &hints.extent_size_hint) < 0) {
+                bi_error_set(err, 0,
+                             "Parameter 'extent_size_hint' expects a size");
+                ret = -EINVAL;
+            }
+        } else {
+            fmt_opts[nf++] = escape_opt(k, v);
+        }
+    }
+    co.options = (const char *const *)fmt_opts;
+    if (ret == 0) {
+        bool existed = access(filename, F_OK) == 0;
+        bi_file_apply_create_hints(filename, &hints);
+        ret = drv->create(filename, &co, err);
+        if (ret < 0 && !existed)
+            unlink(filename);
+    }
+    for (int i = 0; i < nf; i++)
+        free(fmt_opts[i]);
+    free(fmt_opts);
     if (ret < 0 && err && err->msg[0] &&
         strncmp(err->msg, filename, strlen(filename)) != 0)
         bi_error_prefix(err, "%s", filename);

@@ -191,8 +191,11 @@ static bi_node *open_format(const char *filename, const char *format,
     bi_node *file = bi_open_protocol(filename, o, err);
     if (!file)
         return NULL;
-    if (drv == &bi_drv_file)
-        return file; /* -f file: the protocol node is the image */
+    if (drv == &bi_drv_file) {
+        /* -f file: the protocol node is the image, sized in sectors. */
+        file->size = bi_align_up(file->size, SECTOR);
+        return file;
+    }
 
     char real[PATH_MAX];
     chain[depth] = realpath(filename, real) ? bi_xstrdup(real) : NULL;
@@ -223,12 +226,11 @@ static bi_node *open_format(const char *filename, const char *format,
     /* Image locking as QEMU 7.2: a format with metadata forbids other
      * writers (and resizers) of its file; raw shares what its user shares. */
     if (drv != &bi_drv_raw &&
-        bi_file_set_perm(file,
-                         BI_PERM_CONSISTENT_READ |
-                             (o->read_write ? BI_PERM_WRITE | BI_PERM_RESIZE
-                                            : 0),
-                         BI_PERM_ALL & ~(BI_PERM_WRITE | BI_PERM_RESIZE),
-                         err) < 0) {
+        bi_file_set_perm(
+            file,
+            BI_PERM_CONSISTENT_READ |
+                (o->read_write ? BI_PERM_WRITE | BI_PERM_RESIZE : 0),
+            BI_PERM_ALL & ~(BI_PERM_WRITE | BI_PERM_RESIZE), err) < 0) {
         close_graph(file);
         return NULL;
     }
