@@ -60,9 +60,9 @@ RAW_SCRIPTS = [
         "aio_read -x 0 1", "aio_read 0", "aio_write 0 x"]),
     ("aio-drained-at-exit", ["aio_write -P 6 0 4k"]),
     ("aio-completes-during-sleep", [
-        "aio_write -P 1 0 4k", "sleep 200", "length",
-        "aio_read -P 1 0 4k", "sleep 100", "aio_read -P 2 0 4k",
-        "sleep 100", "aio_write 0 1"]),
+        "aio_write -P 1 0 4k", "sleep 1000", "length",
+        "aio_read -P 1 0 4k", "sleep 500", "aio_read -P 2 0 4k",
+        "sleep 500", "aio_write 0 1"]),
     ("zeroes-discard", [
         "write -P 9 0 64k", "write -z 4k 4k", "read -P 0 4k 4k",
         "write -z -u 8k 8k", "read -P 0 8k 8k", "discard 16k 4k",
