@@ -49,7 +49,7 @@ rm -f "$EMPTY"
 qemu-img create -q -f qcow2 "$EMPTY" 1T
 
 alloc=$(qemu-img info --output=json "$SRC_Q" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["actual-size"] >> 20)')
-note "source: $SRC_Q, $src_mib MiB virtual, $alloc MiB allocated; $BENCH_REPS runs each (median), caches dropped before each run (-c: 1 run)"
+note "source: $SRC_Q, $src_mib MiB virtual, $alloc MiB allocated; $BENCH_REPS run(s) each (median; -c: 1 run), caches dropped before each run"
 
 # Cases: label | goal op | wall goal | cpu goal | source | source fmt | target fmt | convert options
 CASES=(

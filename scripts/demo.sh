@@ -82,8 +82,8 @@ echo "${B}blkimg demo${N} in $DEMO (binaries from $BUILD)"
 show "Create a 64 MiB raw image" \
     "$BLKIMG" create -f raw "$IMG" 64M
 
-show "Write patterns with blkimg-io, cache=none (O_DIRECT), some unaligned" \
-    "$BLKIMG_IO" -f raw -t none \
+show "Write patterns with blkimg-io, cache=none (O_DIRECT), some unaligned; --stats counts the I/O" \
+    "$BLKIMG_IO" -f raw -t none --stats \
     -c "write -P 0xaa 0 1M" \
     -c "write -P 0x55 4M 64k" \
     -c "write -P 0x11 1000 3000" \
