@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* Shared with img_compare.c, img_measure.c, img_resize.c, img_dd.c. */
 void cv_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -260,6 +261,28 @@ const char *strip_file_prefix(const char *msg, const char *file)
         return msg + l + 2;
     }
     return msg;
+}
+
+/* True if path is the file of one of the sources or of their backing
+ * chains. An image being read must not be recreated or written under the
+ * reader: qemu-img's locks refuse it ("Failed to get "write" lock"). */
+bool cv_is_source_file(bi_node *const *src, int n_src, const char *path);
+bool cv_is_source_file(bi_node *const *src, int n_src, const char *path)
+{
+    struct stat t, s;
+    if (stat(path, &t) < 0) {
+        return false;
+    }
+    for (int i = 0; i < n_src; i++) {
+        for (bi_node *n = src[i]; n; n = bi_node_backing(n)) {
+            bi_node *f = bi_node_file(n) ? bi_node_file(n) : n;
+            if (stat(bi_node_filename(f), &s) == 0 && s.st_dev == t.st_dev &&
+                s.st_ino == t.st_ino) {
+                return true;
+            }
+        }
+    }
+    return false;
 }
 
 enum {
@@ -555,6 +578,12 @@ int img_convert(int argc, char **argv)
                 *p = bi_xasprintf("size=%" PRIu64, total);
             }
         }
+        if (cv_is_source_file(src, n_src, out_filename)) {
+            cv_err("%s: error while converting %s: Failed to get \"write\" "
+                   "lock\nIs another process using the image [%s]?",
+                   out_filename, out_fmt, out_filename);
+            goto out;
+        }
         bi_error_init(&err);
         if (bi_create(out_filename, &co, &err) < 0) {
             cv_err("%s: error while converting %s: %s", out_filename, out_fmt,
@@ -565,6 +594,13 @@ int img_convert(int argc, char **argv)
 
     if (bi_cache_parse(cache, &tcache) < 0) {
         cv_err("Invalid cache option: %s", cache);
+        goto out;
+    }
+    if (skip_create && !tgt_image_opts &&
+        cv_is_source_file(src, n_src, out_filename)) {
+        cv_err("Could not open '%s': Failed to get \"write\" lock\nIs another "
+               "process using the image [%s]?",
+               out_filename, out_filename);
         goto out;
     }
     dst = cv_open(out_filename, out_fmt, tgt_image_opts, tcache, true, false,

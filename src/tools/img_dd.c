@@ -21,6 +21,7 @@
 void cv_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void cv_getopt_error(char **argv, int c);
 const char *strip_file_prefix(const char *msg, const char *file);
+bool cv_is_source_file(bi_node *const *src, int n_src, const char *path);
 bi_node *cv_open(const char *filename, const char *fmt, bool image_opts,
                  enum bi_cache cache, bool rw, bool force_share,
                  bool quiet_probe);
@@ -159,6 +160,12 @@ int img_dd(int argc, char **argv)
     co.size = beyond ? 0 : bi_align_up((uint64_t)(size - bsz * skip), 512);
     co.size_set = true;
     co.quiet = true;
+    if (cv_is_source_file(&in, 1, out_name)) {
+        cv_err("%s: error while creating output image: Failed to get "
+               "\"write\" lock\nIs another process using the image [%s]?",
+               out_name, out_name);
+        goto out;
+    }
     bi_error_init(&err);
     if (bi_create(out_name, &co, &err) < 0) {
         cv_err("%s: error while creating output image: %s", out_name,

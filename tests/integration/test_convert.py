@@ -462,3 +462,23 @@ def test_image_opts_and_more_match_qemu(qemu_img, blkimg, tmp_path, src,
             cp = subprocess.run([qemu_img, "compare", a, b],
                                 capture_output=True, text=True)
             assert cp.stdout == "Images are identical.\n"
+
+
+def test_target_is_a_source_refused(qemu_img, blkimg, tmp_path, src):
+    """Recreating or rewriting an image that is being read loses it:
+    refused as qemu-img's locks refuse it, and the image is intact."""
+    before = read(src)
+    qs = qemu_qcow2(qemu_img, src, tmp_path / "s.qcow2")
+    ov = tmp_path / "ov.qcow2"
+    subprocess.run([qemu_img, "create", "-q", "-f", "qcow2", "-b", src, "-F",
+                    "raw", ov], check=True)
+    for args in (["convert", "-O", "raw", src, src],
+                 ["convert", "-n", "-O", "raw", src, src],
+                 ["convert", "-O", "qcow2", qs, qs],
+                 ["convert", "-O", "raw", ov, src]):
+        rb = run2(blkimg, args)
+        rq = run2(qemu_img, args)
+        assert rb == rq
+        assert rb[0] == 1 and 'Failed to get "write" lock' in rb[2]
+        assert read(src) == before
+    assert qcompare(qemu_img, src, qs) == (0, "Images are identical.\n")

@@ -69,3 +69,17 @@ def test_dd_matches_qemu(qemu_img, blkimg, tmp_path, case):
         else:
             assert os.path.getsize(bo) == os.path.getsize(qo)
             assert read(bo) == read(qo)
+
+
+def test_dd_onto_its_input_refused(blkimg, tmp_path):
+    """qemu-img dd if=X of=X truncates X (its input) to nothing; blkimg
+    refuses, as convert does, and X is intact."""
+    src = make_raw(tmp_path / "s.raw", size=4 * MiB, seed=32)
+    before = read(src)
+    cp = subprocess.run([blkimg, "dd", "if=" + src, "of=" + src],
+                        capture_output=True, text=True)
+    assert cp.returncode == 1
+    assert cp.stderr == ("blkimg: %s: error while creating output image: "
+                         "Failed to get \"write\" lock\nIs another process "
+                         "using the image [%s]?\n" % (src, src))
+    assert read(src) == before
