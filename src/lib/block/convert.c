@@ -608,7 +608,17 @@ static int do_chunk(struct cv_state *s, struct chunk *ch, uint8_t *buf)
             }
             for (uint64_t o = 0; o < ch->len && ret == 0; o += s->buf_size) {
                 uint64_t n = BI_MIN(s->buf_size, ch->len - o);
-                ret = co_write(s, ch, ch->off + o, n, s->zero_buf);
+                if (s->o->compress) {
+                    /* as qemu-img: zero clusters written compressed */
+                    before_op(s, ch, ch->off + o + n);
+                    ret = bi_co_pwrite_compressed(s->dst, ch->off + o,
+                                                  s->zero_buf, n);
+                    if (ret < 0) {
+                        set_error(s, ret, EK_WRITE, ch->off + o);
+                    }
+                } else {
+                    ret = co_write(s, ch, ch->off + o, n, s->zero_buf);
+                }
             }
             break;
         }
