@@ -47,6 +47,16 @@ struct bi_snapshot_info; /* blkimg.h */
 /* Lists the snapshots: *out is malloc'd (free() it), *count entries. */
 BI_EXPORT int bi_snapshot_list(bi_node *node, struct bi_snapshot_info **out,
                                int *count, bi_error *err);
+/* Creates a snapshot of the current state named name (the id is the next
+ * free number). The node must be open read-write. */
+BI_EXPORT int bi_snapshot_create(bi_node *node, const char *name,
+                                 bi_error *err);
+/* Reverts the image to the snapshot with that id or name. */
+BI_EXPORT int bi_snapshot_apply(bi_node *node, const char *name_or_id,
+                                bi_error *err);
+/* Deletes the snapshot with that id or name. */
+BI_EXPORT int bi_snapshot_delete(bi_node *node, const char *name_or_id,
+                                 bi_error *err);
 
 #ifdef __cplusplus
 }

@@ -319,6 +319,8 @@ uint64_t qc_host_clusters(bi_node *n);
 int qc_get_l2_table(bi_node *n, uint64_t guest_off, bool alloc, void **table,
                     uint64_t *l2_index);
 int qc_write_l1_entry(bi_node *n, uint32_t idx);
+/* Grows the active L1 table to min_size entries (lock held). */
+int qc_grow_l1(bi_node *n, uint64_t min_size);
 
 /* ---- compression (qcow2_compress.c) ---- */
 int qc_decompress(int type, const void *src, size_t slen, void *dst,
@@ -332,6 +334,9 @@ int qc_read_compressed_cluster(bi_node *n, uint64_t entry, void *buf);
 /* ---- snapshots (qcow2_snapshot.c) ---- */
 int qc_read_snapshots(bi_node *n, bi_error *err);
 void qc_free_snapshots(qcow2_state *s);
+int qc_snapshot_create(bi_node *n, const char *name, bi_error *err);
+int qc_snapshot_apply(bi_node *n, const char *name, bi_error *err);
+int qc_snapshot_delete(bi_node *n, const char *name, bi_error *err);
 
 /* ---- create (qcow2_create.c) ---- */
 int qcow2_create(const char *filename, const struct bi_create_opts *o,

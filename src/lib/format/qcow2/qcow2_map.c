@@ -1230,7 +1230,7 @@ out:
 
 /* ------------------------------------------------------------- truncate */
 
-static int grow_l1_locked(bi_node *n, uint64_t min_size)
+int qc_grow_l1(bi_node *n, uint64_t min_size)
 {
     qcow2_state *s = n->opaque;
     uint64_t cs = s->cluster_size;
@@ -1347,7 +1347,7 @@ int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
     } else {
         uint64_t span = 1ULL << (s->l2_bits + s->cluster_bits);
         uint64_t need = (size + span - 1) / span;
-        ret = grow_l1_locked(n, need);
+        ret = qc_grow_l1(n, need);
         if (ret < 0) {
             bi_error_set(err, -ret, "Failed to grow the L1 table");
             goto out;

@@ -1,12 +1,16 @@
 /* SPDX-License-Identifier: MIT */
 /* qcow2 internal snapshots: reading the snapshot table (bounds-checked). */
+#include "blkimg/qcow2.h"
 #include "qcow2.h"
 #include "util/util.h"
 #include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define QCOW2_MAX_SNAPSHOTS_SIZE (1024ULL * QCOW2_MAX_SNAPSHOTS)
 
@@ -129,5 +133,572 @@ int qc_read_snapshots(bi_node *n, bi_error *err)
             return snap_err(err, -EFBIG, "Snapshot L1 table too large");
     }
     s->snapshots_size = off - s->snapshots_offset;
+    return 0;
+}
+
+/* ------------------------------------------------ create, apply, delete */
+
+static void p64(uint8_t *p, uint64_t v)
+{
+    v = htobe64(v);
+    memcpy(p, &v, 8);
+}
+static void p32(uint8_t *p, uint32_t v)
+{
+    v = htobe32(v);
+    memcpy(p, &v, 4);
+}
+static void p16(uint8_t *p, uint16_t v)
+{
+    v = htobe16(v);
+    memcpy(p, &v, 2);
+}
+
+static int serr(bi_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int serr(bi_error *err, int code, const char *fmt, ...)
+{
+    char buf[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    bi_error_set(err, 0, "%s", buf);
+    if (err && !err->code)
+        err->code = code;
+    return code;
+}
+
+/* Writes the snapshot table for s->snapshots[0..nb) to new clusters and
+ * switches the header to it; the old table is freed. */
+static int write_snapshot_table(bi_node *n, struct qcow2_snapshot *sns,
+                                uint32_t nb)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t size = 0;
+    int ret;
+    for (uint32_t i = 0; i < nb; i++)
+        size += bi_align_up(40 + 24 + sns[i].unknown_extra_len +
+                                strlen(sns[i].id_str) + strlen(sns[i].name),
+                            8);
+    if (size > QCOW2_MAX_SNAPSHOTS_SIZE)
+        return -EFBIG;
+    uint64_t off = 0;
+    uint8_t *buf = NULL;
+    if (size) {
+        int64_t a = qc_alloc_clusters(n, qc_size_to_clusters(s, size));
+        if (a < 0)
+            return (int)a;
+        off = (uint64_t)a;
+        buf = calloc(1, bi_align_up(size, s->cluster_size));
+        if (!buf) {
+            qc_update_refcount(n, off, size, -1);
+            return -ENOMEM;
+        }
+        uint8_t *p = buf;
+        for (uint32_t i = 0; i < nb; i++) {
+            const struct qcow2_snapshot *sn = &sns[i];
+            size_t il = strlen(sn->id_str), nl = strlen(sn->name);
+            uint32_t ex = 24 + sn->unknown_extra_len;
+            p64(p, sn->l1_table_offset);
+            p32(p + 8, sn->l1_size);
+            p16(p + 12, (uint16_t)il);
+            p16(p + 14, (uint16_t)nl);
+            p32(p + 16, sn->date_sec);
+            p32(p + 20, sn->date_nsec);
+            p64(p + 24, sn->vm_clock_nsec);
+            p32(p + 32, sn->vm_state_size > UINT32_MAX
+                            ? 0
+                            : (uint32_t)sn->vm_state_size);
+            p32(p + 36, ex);
+            p64(p + 40, sn->vm_state_size);
+            p64(p + 48, sn->disk_size);
+            p64(p + 56, sn->has_icount ? sn->icount : UINT64_MAX);
+            if (sn->unknown_extra_len)
+                memcpy(p + 64, sn->unknown_extra, sn->unknown_extra_len);
+            memcpy(p + 40 + ex, sn->id_str, il);
+            memcpy(p + 40 + ex + il, sn->name, nl);
+            p += bi_align_up(40 + ex + il + nl, 8);
+        }
+        ret = qc_flush_metadata(n);
+        if (ret == 0)
+            ret = qc_check_overlap(n, 0, off, size);
+        if (ret == 0)
+            ret = bi_co_pwrite(n->file, off, buf, size, 0);
+        if (ret == 0)
+            ret = bi_co_flush(n->file);
+        free(buf);
+        if (ret < 0) {
+            qc_update_refcount(n, off, size, -1);
+            return ret;
+        }
+    } else {
+        ret = qc_flush_metadata(n);
+        if (ret == 0)
+            ret = bi_co_flush(n->file);
+        if (ret < 0)
+            return ret;
+    }
+    uint8_t h[12];
+    p32(h, nb);
+    p64(h + 4, off);
+    ret = qc_write_header_field(n, QH_NB_SNAPSHOTS, h, 12);
+    if (ret < 0) {
+        if (size)
+            qc_update_refcount(n, off, size, -1);
+        return ret;
+    }
+    uint64_t old_off = s->snapshots_offset, old_size = s->snapshots_size;
+    s->snapshots_offset = off;
+    s->snapshots_size = size;
+    if (old_size)
+        ret = qc_update_refcount(n, old_off, old_size, -1);
+    return ret;
+}
+
+/* Adds addend to the refcounts of everything an L1 table references and
+ * sets the COPIED flags from the new counts (active: also in the L1 table,
+ * which is written back). */
+static int update_snapshot_refcount(bi_node *n, uint64_t *l1, uint32_t l1_size,
+                                    int addend, bool active)
+{
+    qcow2_state *s = n->opaque;
+    int ret;
+    for (uint32_t i = 0; i < l1_size; i++) {
+        uint64_t l2 = l1[i] & L1E_OFFSET_MASK;
+        if (!l2)
+            continue;
+        if (l2 & (s->cluster_size - 1))
+            return qc_signal_corruption(n,
+                                        "L2 table offset %#" PRIx64
+                                        " unaligned (L1 index: %#" PRIx32 ")",
+                                        l2, i);
+        void *t;
+        ret = qc_cache_get(n, &s->l2_cache, l2, false, &t);
+        if (ret < 0)
+            return ret;
+        bool dirty = false;
+        for (uint64_t j = 0; j < s->l2_entries; j++) {
+            uint64_t e, b, rc;
+            qc_get_l2(s, t, j, &e, &b);
+            if (e & QCOW_OFLAG_COMPRESSED) {
+                if (addend) {
+                    uint64_t coff = e & s->cluster_offset_mask;
+                    uint64_t nsec = ((e >> s->csize_shift) & s->csize_mask) + 1;
+                    ret = qc_update_refcount(n, coff & ~511ULL, nsec * 512,
+                                             addend);
+                    if (ret < 0)
+                        goto fail;
+                }
+                continue;
+            }
+            uint64_t host = e & L2E_OFFSET_MASK;
+            if (!host || qc_has_data_file(s))
+                continue;
+            if (addend) {
+                ret = qc_update_refcount(n, host, s->cluster_size, addend);
+                if (ret < 0)
+                    goto fail;
+            }
+            ret = qc_get_refcount(n, host >> s->cluster_bits, &rc);
+            if (ret < 0)
+                goto fail;
+            uint64_t ne =
+                rc == 1 ? e | QCOW_OFLAG_COPIED : e & ~QCOW_OFLAG_COPIED;
+            if (ne != e) {
+                qc_set_l2(s, t, j, ne, b);
+                dirty = true;
+            }
+        }
+        if (dirty)
+            qc_cache_mark_dirty(&s->l2_cache, t);
+        qc_cache_put(&s->l2_cache, t);
+        if (addend) {
+            ret = qc_update_refcount(n, l2, s->cluster_size, addend);
+            if (ret < 0)
+                return ret;
+        }
+        uint64_t rc;
+        ret = qc_get_refcount(n, l2 >> s->cluster_bits, &rc);
+        if (ret < 0)
+            return ret;
+        l1[i] =
+            rc == 1 ? l1[i] | QCOW_OFLAG_COPIED : l1[i] & ~QCOW_OFLAG_COPIED;
+        continue;
+    fail:
+        qc_cache_put(&s->l2_cache, t);
+        return ret;
+    }
+    if (!active)
+        return 0;
+    /* refcounts and L2 tables first, then the L1 table */
+    ret = qc_flush_metadata(n);
+    if (ret == 0)
+        ret = bi_co_flush(n->file);
+    if (ret < 0 || !s->l1_size)
+        return ret;
+    uint64_t bytes = (uint64_t)s->l1_size * 8;
+    uint64_t *be = malloc(bytes);
+    if (!be)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < s->l1_size; i++)
+        be[i] = htobe64(s->l1_table[i]);
+    ret = qc_check_overlap(n, QC_OL_L1, s->l1_table_offset, bytes);
+    if (ret == 0)
+        ret = bi_co_pwrite(n->file, s->l1_table_offset, be, bytes, 0);
+    free(be);
+    if (ret == 0)
+        ret = bi_co_flush(n->file);
+    return ret;
+}
+
+static int find_snapshot(const qcow2_state *s, const char *name)
+{
+    for (uint32_t i = 0; i < s->nb_snapshots; i++)
+        if (!strcmp(s->snapshots[i].id_str, name))
+            return (int)i;
+    for (uint32_t i = 0; i < s->nb_snapshots; i++)
+        if (!strcmp(s->snapshots[i].name, name))
+            return (int)i;
+    return -1;
+}
+
+static int read_l1(bi_node *n, uint64_t off, uint32_t size, uint64_t **out)
+{
+    qcow2_state *s = n->opaque;
+    *out = NULL;
+    if ((uint64_t)size > QCOW2_MAX_L1_BYTES / 8)
+        return -EFBIG;
+    if (off & (s->cluster_size - 1))
+        return -EINVAL;
+    uint64_t *l1 = calloc(size ? size : 1, 8);
+    if (!l1)
+        return -ENOMEM;
+    if (size) {
+        int ret = bi_co_pread(n->file, off, l1, (uint64_t)size * 8);
+        if (ret < 0) {
+            free(l1);
+            return ret;
+        }
+        for (uint32_t i = 0; i < size; i++)
+            l1[i] = be64toh(l1[i]);
+    }
+    *out = l1;
+    return 0;
+}
+
+static int snapshots_supported(bi_node *n, bi_error *err, const char *what,
+                               const char *name)
+{
+    qcow2_state *s = n->opaque;
+    if (s->read_only)
+        return serr(err, -EROFS,
+                    "Could not %s snapshot '%s': image is "
+                    "read-only",
+                    what, name);
+    if (qc_has_data_file(s))
+        return serr(err, -ENOTSUP,
+                    "Could not %s snapshot '%s': -95 "
+                    "(Operation not supported)",
+                    what, name);
+    return 0;
+}
+
+int qc_snapshot_create(bi_node *n, const char *name, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    int ret = snapshots_supported(n, err, "create", name);
+    if (ret < 0)
+        return ret;
+    if (s->nb_snapshots >= QCOW2_MAX_SNAPSHOTS)
+        return serr(err, -EFBIG,
+                    "Could not create snapshot '%s': -27 (File "
+                    "too large)",
+                    name);
+    if (strlen(name) > 65535)
+        return serr(err, -EINVAL,
+                    "Could not create snapshot '%s': name too "
+                    "long",
+                    name);
+    bi_co_mutex_lock(&s->lock);
+    /* new id: one more than the highest numeric id */
+    unsigned long max_id = 0;
+    for (uint32_t i = 0; i < s->nb_snapshots; i++) {
+        unsigned long v = strtoul(s->snapshots[i].id_str, NULL, 10);
+        if (v > max_id)
+            max_id = v;
+    }
+    struct qcow2_snapshot sn;
+    memset(&sn, 0, sizeof(sn));
+    char id[32];
+    snprintf(id, sizeof(id), "%lu", max_id + 1);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    sn.date_sec = (uint32_t)ts.tv_sec;
+    sn.date_nsec = (uint32_t)(ts.tv_nsec / 1000 * 1000);
+    sn.disk_size = n->size;
+    sn.has_icount = true;
+    sn.icount = 0;
+    sn.l1_size = s->l1_size;
+
+    /* copy of the active L1 table */
+    uint64_t l1_bytes = (uint64_t)s->l1_size * 8;
+    uint64_t l1_off = 0;
+    if (l1_bytes) {
+        int64_t a = qc_alloc_clusters(n, qc_size_to_clusters(s, l1_bytes));
+        if (a < 0) {
+            ret = (int)a;
+            goto out;
+        }
+        l1_off = (uint64_t)a;
+        uint64_t *be = malloc(l1_bytes);
+        if (!be) {
+            ret = -ENOMEM;
+            goto out;
+        }
+        for (uint32_t i = 0; i < s->l1_size; i++)
+            be[i] = htobe64(s->l1_table[i]);
+        ret = qc_check_overlap(n, 0, l1_off, l1_bytes);
+        if (ret == 0)
+            ret = bi_co_pwrite(n->file, l1_off, be, l1_bytes, 0);
+        free(be);
+        if (ret < 0)
+            goto out;
+    }
+    sn.l1_table_offset = l1_off;
+    ret = update_snapshot_refcount(n, s->l1_table, s->l1_size, 1, true);
+    if (ret < 0)
+        goto out;
+
+    struct qcow2_snapshot *arr = calloc(s->nb_snapshots + 1, sizeof(*arr));
+    if (!arr) {
+        ret = -ENOMEM;
+        goto out;
+    }
+    if (s->nb_snapshots)
+        memcpy(arr, s->snapshots, s->nb_snapshots * sizeof(*arr));
+    sn.id_str = bi_xstrdup(id);
+    sn.name = bi_xstrdup(name);
+    arr[s->nb_snapshots] = sn;
+    ret = write_snapshot_table(n, arr, s->nb_snapshots + 1);
+    if (ret < 0) {
+        free(sn.id_str);
+        free(sn.name);
+        free(arr);
+        goto out;
+    }
+    free(s->snapshots);
+    s->snapshots = arr;
+    s->nb_snapshots++;
+    ret = qc_flush_metadata(n);
+out:
+    bi_co_mutex_unlock(&s->lock);
+    if (ret < 0 && err && !err->msg[0])
+        serr(err, ret, "Could not create snapshot '%s': %d (%s)", name, ret,
+             strerror(-ret));
+    return ret;
+}
+
+int qc_snapshot_apply(bi_node *n, const char *name, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t *snl1 = NULL, *old = NULL;
+    int ret = snapshots_supported(n, err, "apply", name);
+    if (ret < 0)
+        return ret;
+    bi_co_mutex_lock(&s->lock);
+    int idx = find_snapshot(s, name);
+    if (idx < 0) {
+        bi_co_mutex_unlock(&s->lock);
+        return serr(err, -ENOENT,
+                    "Could not apply snapshot '%s': Failed to "
+                    "load snapshot: No such file or directory",
+                    name);
+    }
+    struct qcow2_snapshot *sn = &s->snapshots[idx];
+    ret = qc_flush_metadata(n);
+    if (ret < 0)
+        goto out;
+    ret = read_l1(n, sn->l1_table_offset, sn->l1_size, &snl1);
+    if (ret < 0)
+        goto out;
+    if (sn->l1_size > s->l1_size) {
+        ret = qc_grow_l1(n, sn->l1_size);
+        if (ret < 0)
+            goto out;
+    }
+    /* the snapshot's clusters gain the active reference first */
+    ret = update_snapshot_refcount(n, snl1, sn->l1_size, 1, false);
+    if (ret < 0)
+        goto out;
+    old = malloc((size_t)s->l1_size * 8 + 8);
+    if (!old) {
+        ret = -ENOMEM;
+        goto out;
+    }
+    uint32_t old_size = s->l1_size;
+    memcpy(old, s->l1_table, (size_t)old_size * 8);
+    for (uint32_t i = 0; i < s->l1_size; i++)
+        s->l1_table[i] = i < sn->l1_size ? snl1[i] : 0;
+    /* the L1 switch is written by this update (flags recomputed) */
+    ret = update_snapshot_refcount(n, s->l1_table, s->l1_size, 0, true);
+    if (ret < 0)
+        goto out;
+    ret = update_snapshot_refcount(n, old, old_size, -1, false);
+    if (ret < 0)
+        goto out;
+    ret = update_snapshot_refcount(n, s->l1_table, s->l1_size, 0, true);
+    if (ret < 0)
+        goto out;
+    if (sn->disk_size != n->size) {
+        uint64_t v = htobe64(sn->disk_size);
+        ret = qc_write_header_field(n, QH_SIZE, &v, 8);
+        if (ret < 0)
+            goto out;
+        n->size = sn->disk_size;
+    }
+    ret = qc_flush_metadata(n);
+out:
+    bi_co_mutex_unlock(&s->lock);
+    free(snl1);
+    free(old);
+    if (ret < 0 && err && !err->msg[0])
+        serr(err, ret, "Could not apply snapshot '%s': %s", name,
+             strerror(-ret));
+    return ret;
+}
+
+int qc_snapshot_delete(bi_node *n, const char *name, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t *snl1 = NULL;
+    int ret = snapshots_supported(n, err, "delete", name);
+    if (ret < 0)
+        return ret;
+    bi_co_mutex_lock(&s->lock);
+    int idx = find_snapshot(s, name);
+    if (idx < 0) {
+        bi_co_mutex_unlock(&s->lock);
+        return serr(err, -ENOENT,
+                    "Could not delete snapshot '%s': snapshot not found", name);
+    }
+    struct qcow2_snapshot sn = s->snapshots[idx];
+    ret = read_l1(n, sn.l1_table_offset, sn.l1_size, &snl1);
+    if (ret < 0)
+        goto out;
+    struct qcow2_snapshot *arr =
+        calloc(s->nb_snapshots ? s->nb_snapshots : 1, sizeof(*arr));
+    if (!arr) {
+        ret = -ENOMEM;
+        goto out;
+    }
+    uint32_t k = 0;
+    for (uint32_t i = 0; i < s->nb_snapshots; i++)
+        if ((int)i != idx)
+            arr[k++] = s->snapshots[i];
+    ret = write_snapshot_table(n, arr, k);
+    if (ret < 0) {
+        free(arr);
+        goto out;
+    }
+    free(s->snapshots);
+    s->snapshots = arr;
+    s->nb_snapshots = k;
+    /* the snapshot is gone from the table: drop its references */
+    ret = update_snapshot_refcount(n, snl1, sn.l1_size, -1, false);
+    if (ret == 0 && sn.l1_size)
+        ret = qc_update_refcount(n, sn.l1_table_offset,
+                                 (uint64_t)sn.l1_size * 8, -1);
+    if (ret == 0)
+        ret = update_snapshot_refcount(n, s->l1_table, s->l1_size, 0, true);
+    if (ret == 0)
+        ret = qc_flush_metadata(n);
+    free(sn.id_str);
+    free(sn.name);
+    free(sn.unknown_extra);
+out:
+    bi_co_mutex_unlock(&s->lock);
+    free(snl1);
+    if (ret < 0 && err && !err->msg[0])
+        serr(err, ret, "Could not delete snapshot '%s': %s", name,
+             strerror(-ret));
+    return ret;
+}
+
+/* ------------------------------------------------------------ public API */
+
+struct snap_args {
+    bi_node *n;
+    const char *name;
+    int op;
+    bi_error *err;
+};
+
+static int snap_co(void *opaque)
+{
+    struct snap_args *a = opaque;
+    switch (a->op) {
+    case 0:
+        return qc_snapshot_create(a->n, a->name, a->err);
+    case 1:
+        return qc_snapshot_apply(a->n, a->name, a->err);
+    default:
+        return qc_snapshot_delete(a->n, a->name, a->err);
+    }
+}
+
+static int snap_op(bi_node *n, const char *name, int op, bi_error *err)
+{
+    static const char *const what[] = {"create", "apply", "delete"};
+    if (n->drv != &bi_drv_qcow2)
+        return serr(err, -ENOTSUP,
+                    "Could not %s snapshot '%s': -95 "
+                    "(Operation not supported)",
+                    what[op], name);
+    struct snap_args a = {n, name, op, err};
+    return bi_run_co(snap_co, &a);
+}
+
+int bi_snapshot_create(bi_node *node, const char *name, bi_error *err)
+{
+    return snap_op(node, name, 0, err);
+}
+
+int bi_snapshot_apply(bi_node *node, const char *name, bi_error *err)
+{
+    return snap_op(node, name, 1, err);
+}
+
+int bi_snapshot_delete(bi_node *node, const char *name, bi_error *err)
+{
+    return snap_op(node, name, 2, err);
+}
+
+int bi_snapshot_list(bi_node *node, struct bi_snapshot_info **out, int *count,
+                     bi_error *err)
+{
+    *out = NULL;
+    *count = 0;
+    if (node->drv != &bi_drv_qcow2)
+        return 0;
+    qcow2_state *s = node->opaque;
+    if (!s->nb_snapshots)
+        return 0;
+    struct bi_snapshot_info *v = calloc(s->nb_snapshots, sizeof(*v));
+    if (!v)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < s->nb_snapshots; i++) {
+        const struct qcow2_snapshot *sn = &s->snapshots[i];
+        snprintf(v[i].id, sizeof(v[i].id), "%s", sn->id_str);
+        snprintf(v[i].name, sizeof(v[i].name), "%s", sn->name);
+        v[i].vm_state_size = sn->vm_state_size;
+        v[i].date_sec = sn->date_sec;
+        v[i].date_nsec = sn->date_nsec;
+        v[i].vm_clock_nsec = sn->vm_clock_nsec;
+        v[i].icount = sn->has_icount ? sn->icount : UINT64_MAX;
+    }
+    *out = v;
+    *count = (int)s->nb_snapshots;
+    BI_UNUSED(err);
     return 0;
 }
