@@ -35,6 +35,7 @@ static const struct img_cmd img_cmds[] = {
     {"measure", img_measure},
     {"probe", img_probe},
     {"resize", img_resize},
+    {"snapshot", img_snapshot},
     {NULL, NULL},
 };
 
