@@ -38,6 +38,9 @@ static void usage(const char *name)
            "  -s, --snapshot       writes go to a temporary overlay; the "
            "image\n"
            "                       itself is not modified\n"
+           "  -C, --copy-on-read   data read from a backing file is copied "
+           "into\n"
+           "                       the image\n"
            "  -n, --nocache        bypass the host page cache, short for "
            "-t none\n"
            "  -m, --misalign       misalign I/O buffers (exercises bouncing)\n"
@@ -58,7 +61,7 @@ static void usage(const char *name)
            "  -h, --help           display this help and exit\n"
            "  -V, --version        output version information and exit\n"
            "\n"
-           "Not supported: -C (--copy-on-read), -T (--trace), --object.\n"
+           "Not supported: -T (--trace), --object.\n"
            "\n"
            "See '%s -c help' for information on available commands.\n",
            name, name);
@@ -222,8 +225,8 @@ int main(int argc, char **argv)
             req.snapshot = true;
             break;
         case 'C':
-            io_error_report("copy-on-read (-C) is not supported");
-            exit(1);
+            req.copy_on_read = true;
+            break;
         case 'T':
             io_error_report("tracing (-T) is not supported");
             exit(1);

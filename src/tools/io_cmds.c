@@ -55,6 +55,8 @@ static bi_node *g_node;
 static const char *g_format_name; /* as shown by "info" */
 static bool g_unmap = true;       /* discard=unmap */
 static bool g_no_flush;           /* cache.direct=on,cache.no-flush=on */
+static bool g_cor;                /* copy-on-read */
+static uint64_t g_cor_cluster;    /* granularity of copy-on-read */
 static bool g_image_opts;
 static bool g_misalign;
 static bool g_stats;
@@ -385,6 +387,60 @@ static int check_range(int64_t offset, uint64_t bytes)
     return 0;
 }
 
+/* Copy-on-read: after a read, the clusters it touched that are not
+ * allocated in the image itself (their data comes from a backing file, or
+ * is zero everywhere) are written to the image, whole clusters at a time;
+ * ranges that read as zeroes are written as zeroes. */
+static int cor_copy(int64_t offset, uint64_t bytes)
+{
+    uint64_t cs = g_cor_cluster ? g_cor_cluster : 65536, pos, end;
+    int64_t len;
+    int ret = 0;
+
+    if (!g_cor || bytes == 0 || !bi_node_backing(g_node)) {
+        return 0;
+    }
+    len = bi_getlength(g_node);
+    if (len < 0) {
+        return (int)len;
+    }
+    pos = bi_align_down((uint64_t)offset, cs);
+    end = BI_MIN(bi_align_up((uint64_t)offset + bytes, cs), (uint64_t)len);
+    while (pos < end && ret == 0) {
+        struct bi_status st;
+        uint64_t n;
+
+        memset(&st, 0, sizeof(st));
+        ret = bi_block_status(g_node, pos, end - pos, &st);
+        if (ret < 0) {
+            return ret;
+        }
+        n = BI_MIN(st.len, end - pos);
+        if (n == 0) {
+            break;
+        }
+        for (uint64_t done = 0;
+             !(st.flags & BI_BS_ALLOCATED) && done < n && ret == 0;) {
+            size_t c = (size_t)BI_MIN(n - done, 1024 * 1024);
+            void *buf = bi_blockalign(g_node, c);
+
+            if (!buf) {
+                return -ENOMEM;
+            }
+            ret = bi_pread(g_node, pos + done, buf, c);
+            if (ret == 0 && bi_buf_is_zero(buf, c)) {
+                ret = bi_pwrite_zeroes(g_node, pos + done, c, 0);
+            } else if (ret == 0) {
+                ret = bi_pwrite(g_node, pos + done, buf, c, 0);
+            }
+            bi_free_aligned(buf);
+            done += c;
+        }
+        pos += n;
+    }
+    return ret;
+}
+
 /* ---------------------------------------------------- async requests */
 
 struct aio_ctx {
@@ -419,6 +475,10 @@ static void aio_cb(void *opaque, int ret)
 static void aio_report(struct aio_ctx *ctx)
 {
     struct timespec t = tsub(ctx->t2, ctx->t1);
+
+    if (!ctx->write && ctx->ret >= 0) {
+        ctx->ret = cor_copy(ctx->offset, ctx->size);
+    }
 
     if (ctx->ret < 0) {
         printf("%s failed: %s\n", ctx->write ? "aio_write" : "readv",
@@ -646,6 +706,9 @@ static int read_f(int argc, char **argv)
     if (ret == 0) {
         ret = bi_pread(g_node, (uint64_t)offset, buf, (size_t)count);
     }
+    if (ret == 0) {
+        ret = cor_copy(offset, (uint64_t)count);
+    }
     now(&t2);
     collect();
 
@@ -759,6 +822,9 @@ static int readv_f(int argc, char **argv)
     ret = check_range(offset, size);
     if (ret == 0) {
         ret = bi_preadv(g_node, (uint64_t)offset, iov, nr_iov);
+    }
+    if (ret == 0) {
+        ret = cor_copy(offset, size);
     }
     now(&t2);
     collect();
@@ -2475,6 +2541,10 @@ int io_openfile(const char *name, struct io_open_req *r)
                         prefix);
         goto out;
     }
+    if (r->copy_on_read && read_only) {
+        io_error_report("%sCan't use copy-on-read on read-only device", prefix);
+        goto out;
+    }
     if (force_share && !read_only) {
         io_error_report("%sforce-share=on can only be used with read-only "
                         "images",
@@ -2531,6 +2601,17 @@ int io_openfile(const char *name, struct io_open_req *r)
     }
     g_node = n;
     g_format_name = bi_node_format(n);
+    g_cor = r->copy_on_read;
+    g_cor_cluster = 0;
+    if (g_cor) {
+        struct bi_image_info *info = bi_xzalloc(sizeof(*info));
+
+        if (bi_get_info(n, info, NULL) == 0) {
+            g_cor_cluster = info->cluster_size;
+            bi_info_free(info);
+        }
+        free(info);
+    }
     g_unmap = unmap;
     g_no_flush = no_flush && nocache;
     ret = 0;
@@ -2554,7 +2635,8 @@ static void open_help(void)
            "\n"
            " -r, -- read-only\n"
            " -s, -- snapshot mode: writes go to a temporary overlay\n"
-           " -C, -- copy-on-read (not supported by blkimg)\n"
+           " -C, -- copy-on-read: data read from a backing file is copied\n"
+           "        into the image\n"
            " -n, -- bypass the host page cache, short for -t none\n"
            " -U, -- force shared permissions (read-only images only)\n"
            " -k, -- native AIO (served by io_uring), prefer -i\n"
@@ -2589,9 +2671,8 @@ static int open_f(int argc, char **argv)
             r.snapshot = true;
             break;
         case 'C':
-            io_error_report("copy-on-read (-C) is not supported");
-            io_open_req_free(&r);
-            return -ENOTSUP;
+            r.copy_on_read = true;
+            break;
         case 'n':
             r.nocache = true;
             r.writethrough = false;

@@ -36,6 +36,7 @@ struct io_open_req {
     enum bi_aio aio;
     bool unmap;             /* discard=unmap (default) or ignore */
     bool snapshot;          /* -s: writes go to a temporary overlay */
+    bool copy_on_read;      /* -C: data read from backing files is copied up */
     struct bi_optlist opts; /* QEMU dotted options (driver, file.filename..) */
 };
 void io_open_req_init(struct io_open_req *r);

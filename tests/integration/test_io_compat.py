@@ -547,3 +547,45 @@ def test_drop_in_as_qemu_io(pair, tmp_path):
     assert (mask(b.stdout), b.stderr, b.returncode) == \
         (mask(q.stdout), q.stderr, q.returncode)
     assert b.stdout.startswith("qemu-io> wrote 512/512 bytes at offset 0\n")
+
+
+def _map_json(path):
+    import json
+    import subprocess
+    cp = subprocess.run(["qemu-img", "map", "--output=json", str(path)],
+                        capture_output=True, text=True, check=True)
+    out = json.loads(cp.stdout)
+    for e in out:
+        e.pop("offset", None)  # host placement may differ
+    return out
+
+
+@pytest.mark.parametrize("script", [
+    ["-C"] + cmds("read -P 1 70k 1k", "map", "read 1M 10k", "map",
+                  "read -P 1 100k 100k", "map", "aio_read 2M 1", "aio_flush",
+                  "readv 3M 512 512", "map", "read 4M 1", "read 4194303 1",
+                  "map"),
+    cmds("open -C top.qcow2", "read -P 0 0 64k", "read -v 65535 2", "map"),
+    ["-C", "-r"] + cmds("read 0 1"),
+    ["-C", "-t", "none"] + cmds("read -P 1 64k 100k", "map", "info"),
+], ids=["reads", "open-C", "read-only", "nocache"])
+def test_copy_on_read(tmp_path, blkimg_io, qemu_io, script):
+    import subprocess
+    p = Pair(tmp_path, blkimg_io, qemu_io)
+    for d in (p.q, p.b):
+        subprocess.run("qemu-img create -q -f qcow2 base.qcow2 4M && "
+                       "qemu-io -c 'write -P 1 64k 100k' base.qcow2 && "
+                       "qemu-img create -q -f qcow2 -b base.qcow2 -F qcow2 "
+                       "top.qcow2", shell=True, cwd=str(d), check=True,
+                       capture_output=True)
+    args = script if "open -C top.qcow2" in script else script + ["top.qcow2"]
+    p.compare(args, files=["base.qcow2"])
+    assert _map_json(p.b / "top.qcow2") == _map_json(p.q / "top.qcow2")
+    cmp = subprocess.run(["qemu-img", "compare", str(p.q / "top.qcow2"),
+                          str(p.b / "top.qcow2")], capture_output=True)
+    assert cmp.returncode == 0
+
+
+def test_copy_on_read_without_backing(pair):
+    pair.compare(["-C", "-f", "raw"] + cmds("read 0 4k", "map") + ["a.img"],
+                 files=["a.img"])
