@@ -570,6 +570,21 @@ static int write_data(struct cv_state *s, struct chunk *ch, const uint8_t *buf)
     if (!s->min_sparse) {
         return co_write(s, ch, off, len, buf);
     }
+    /* Fast path: with the chunk on alignment boundaries, a run of zeroes
+     * survives the sector scan below only if it holds a whole aligned
+     * block of zeroes. If no aligned block is zero, the chunk is one data
+     * write; deciding that touches one cache line per block instead of
+     * one per sector. */
+    if (s->min_sparse <= s->align && off % s->align == 0 &&
+        len % s->align == 0) {
+        bool zero_block = false;
+        for (uint64_t b = 0; b < len && !zero_block; b += s->align) {
+            zero_block = bi_buf_is_zero(buf + b, s->align);
+        }
+        if (!zero_block) {
+            return co_write(s, ch, off, len, buf);
+        }
+    }
     while (len) {
         uint64_t n;
         int ret;
