@@ -526,3 +526,26 @@ def test_zero_detection_matches_qemu(qemu_img, blkimg, tmp_path, seed,
                                x["zero"]])
         maps.append(merged)
     assert maps[0] == maps[1]
+
+
+def test_backing_chain_flattened(qemu_img, blkimg, tmp_path, src):
+    """Without -B the whole chain is copied: backing data, the overlay's
+    data and its zero clusters (which hide backing data)."""
+    base = qemu_qcow2(qemu_img, src, tmp_path / "b.qcow2")
+    top = tmp_path / "t.qcow2"
+    subprocess.run([qemu_img, "create", "-q", "-f", "qcow2", "-b", base,
+                    "-F", "qcow2", top], check=True)
+    subprocess.run(["qemu-io", "-c", "write -P 9 1M 1M", "-c",
+                    "write -z 0 64k", top], check=True, capture_output=True)
+    os.sync()
+    for fmt in ("raw", "qcow2"):
+        rq = run2(qemu_img, ["convert", "-p", "-O", fmt, top,
+                             tmp_path / ("q." + fmt)])
+        rb = run2(blkimg, ["convert", "-p", "-O", fmt, top,
+                           tmp_path / ("o." + fmt)])
+        assert rb == rq and rb[0] == 0
+        assert qcompare(qemu_img, str(top), str(tmp_path / ("o." + fmt))) \
+            == (0, "Images are identical.\n")
+    assert read(tmp_path / "o.raw") == read(tmp_path / "q.raw")
+    assert blocks(tmp_path / "o.raw") == blocks(tmp_path / "q.raw")
+    assert read(tmp_path / "o.raw")[:65536] == bytes(65536)
