@@ -484,16 +484,28 @@ int bi_co_pdiscard(bi_node *n, uint64_t off, uint64_t len)
             return ret;
         return n->drv->co_pdiscard(n, off, len);
     }
-    /* Discard is advisory: only whole aligned blocks. */
+    /* Discard is advisory, but everything is passed down (a file punches
+     * exactly the bytes asked, as under QEMU), fragmented at the request
+     * alignment so that storage refusing partial blocks still gets the
+     * aligned middle. */
     uint64_t align = n->limits.request_alignment;
-    uint64_t a = bi_align_up(off, align), b = bi_align_down(off + len, align);
-    if (a >= b)
-        return 0;
+    uint64_t a = BI_MIN(bi_align_up(off, align), off + len);
+    uint64_t b = BI_MAX(bi_align_down(off + len, align), a);
+    uint64_t cut[4] = {off, a, b, off + len};
     struct bi_tracked_req req;
-    track_begin(n, &req, a, b, false);
-    int ret = n->drv->co_pdiscard(n, a, b - a);
+    track_begin(n, &req, bi_align_down(off, align),
+                bi_align_up(off + len, align), false);
+    int ret = 0;
+    for (int i = 0; i < 3 && ret == 0; i++) {
+        if (cut[i + 1] <= cut[i])
+            continue;
+        int r = n->drv->co_pdiscard(n, cut[i], cut[i + 1] - cut[i]);
+        bool partial = i != 1;
+        if (r < 0 && r != -ENOTSUP && !(partial && r == -EINVAL))
+            ret = r;
+    }
     track_end(&req);
-    return ret == -ENOTSUP ? 0 : ret;
+    return ret;
 }
 
 int bi_co_flush(bi_node *n)
