@@ -47,6 +47,7 @@ struct cv_cursor {
     uint64_t status_end;  /* end of the cached status run */
     enum chunk_kind kind; /* kind of the cached run */
     bool host_valid;      /* cached run has a host mapping */
+    bool pure;            /* data run with no part reading as zero */
     bi_node *host_file;
     uint64_t host_start; /* host offset of the run's start */
     uint64_t run_start;
@@ -201,6 +202,7 @@ static int cursor_status(struct cv_state *s, struct cv_cursor *c)
                     c->kind == CK_DATA;
     c->host_file = st.file;
     c->host_start = st.offset;
+    c->pure = c->kind == CK_DATA && !(st.flags & BI_BS_ZERO);
     if (c->kind == CK_DATA) {
         while (soff + n < send && n < 2 * s->buf_size &&
                (bsz == UINT64_MAX || c->pos + n < bsz)) {
@@ -214,6 +216,9 @@ static int cursor_status(struct cv_state *s, struct cv_cursor *c)
             }
             n += BI_MIN(nx.len, send - soff - n);
             c->host_valid = false;
+            if (nx.flags & BI_BS_ZERO) {
+                c->pure = false;
+            }
             if (c->pos + n > bsz) {
                 n = bsz - c->pos;
             }
@@ -268,6 +273,7 @@ struct chunk {
     bool host_valid;
     bi_node *host_file;
     uint64_t host_off;
+    bool pure;     /* nothing in it reads as zero: read without looking */
     bool released; /* in-order turn passed on */
 };
 
@@ -299,6 +305,8 @@ static int take_chunk(struct cv_state *s, struct chunk *ch)
                      ch->off + ch->len <= s->cur.status_end;
     ch->host_file = s->cur.host_file;
     ch->host_off = s->cur.host_start + (ch->off - s->cur.run_start);
+    ch->pure = s->cur.pure && ch->kind == CK_DATA &&
+               ch->off + ch->len <= s->cur.status_end;
     s->cur.pos += (uint64_t)n;
 out:
     bi_co_mutex_unlock(&s->lock);
@@ -306,9 +314,19 @@ out:
 }
 
 /* Reads [off, off+len) of the concatenated sources into buf. */
-static int co_read(struct cv_state *s, uint64_t off, uint64_t len, void *buf)
+static int co_read(struct cv_state *s, uint64_t off, uint64_t len, void *buf,
+                   bool pure)
 {
     uint8_t *p = buf;
+    if (pure) {
+        /* one run of one source that block status called data */
+        int i = src_index(s, off);
+        int ret = bi_co_pread(s->src[i], off - s->src_start[i], p, len);
+        if (ret < 0) {
+            set_error(s, ret, EK_READ, off);
+        }
+        return ret;
+    }
     while (len) {
         int i = src_index(s, off);
         uint64_t n = BI_MIN(len, s->src_start[i + 1] - off);
@@ -650,7 +668,7 @@ static int do_chunk(struct cv_state *s, struct chunk *ch, uint8_t *buf)
                 break;
             }
         }
-        ret = co_read(s, ch->off, ch->len, buf);
+        ret = co_read(s, ch->off, ch->len, buf, ch->pure);
         if (ret < 0) {
             return ret;
         }
