@@ -279,6 +279,8 @@ int qc_cache_writeback(bi_node *n, struct qcow2_cache *c);
 /* Drops a table from the cache without writing it (freed cluster). */
 void qc_cache_discard(struct qcow2_cache *c, uint64_t offset);
 bool qc_cache_has_dirty(const struct qcow2_cache *c);
+/* Forgets every unpinned entry without writing it. */
+void qc_cache_drop_all(struct qcow2_cache *c);
 
 /* ---- refcounts (qcow2_refcount.c) ---- */
 int qc_refcount_init(bi_node *n);

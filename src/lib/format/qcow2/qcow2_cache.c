@@ -279,3 +279,15 @@ void qc_cache_discard(struct qcow2_cache *c, uint64_t offset)
         c->e[i].dirty = false;
     }
 }
+
+void qc_cache_drop_all(struct qcow2_cache *c)
+{
+    if (!c->e)
+        return;
+    for (int i = 0; i < c->n; i++) {
+        if (c->e[i].offset && !c->e[i].ref) {
+            c->e[i].dirty = false;
+            cache_unhash(c, i);
+        }
+    }
+}

@@ -5,9 +5,10 @@
  * with the refcount blocks, and checks the COPIED flags; with fix, leaks
  * and too-low refcounts are corrected. Messages are qemu-img's.
  *
- * Not done: rebuilding a broken refcount structure (a referenced cluster
- * with refcount 0 is reported, "need to rebuild", and not repaired), and
- * the bitmaps extension's clusters are not accounted for.
+ * A broken refcount structure (a referenced cluster with refcount 0, a
+ * bad refcount block) is rebuilt with -r all: new refcount blocks and
+ * table past the end of the image, written from the computed counts.
+ * Not done: the bitmaps extension's clusters are not accounted for.
  */
 #include "blkimg/qcow2.h"
 #include "qcow2.h"
@@ -260,6 +261,142 @@ static int ck_calculate(struct ck *c)
     return 0;
 }
 
+static void ck_put64(uint8_t *p, uint64_t v)
+{
+    v = htobe64(v);
+    memcpy(p, &v, 8);
+}
+
+static void ck_rb_set(const qcow2_state *s, uint8_t *p, uint64_t i, uint64_t v)
+{
+    switch (s->refcount_order) {
+    case 0:
+    case 1:
+    case 2: {
+        uint64_t bit = i << s->refcount_order;
+        unsigned mask = ((1u << s->refcount_bits) - 1) << (bit % 8);
+        p[bit / 8] = (uint8_t)((p[bit / 8] & ~mask) |
+                               (((unsigned)v << (bit % 8)) & mask));
+        break;
+    }
+    case 3:
+        p[i] = (uint8_t)v;
+        break;
+    case 4: {
+        uint16_t x = htobe16((uint16_t)v);
+        memcpy(p + i * 2, &x, 2);
+        break;
+    }
+    case 5: {
+        uint32_t x = htobe32((uint32_t)v);
+        memcpy(p + i * 4, &x, 4);
+        break;
+    }
+    default:
+        ck_put64(p + i * 8, v);
+        break;
+    }
+}
+
+/* Writes a new refcount structure from the computed counts, past the end
+ * of everything, and switches the header to it. */
+static int ck_rebuild(struct ck *c)
+{
+    qcow2_state *s = c->s;
+    bi_node *n = c->n;
+    uint64_t cs = s->cluster_size;
+    int ret;
+
+    /* the old structure is not referenced any more */
+    uint64_t rt_first = s->refcount_table_offset >> s->cluster_bits;
+    uint64_t rt_n = qc_size_to_clusters(s, s->refcount_table_size * 8);
+    for (uint64_t i = rt_first; i < rt_first + rt_n && i < c->nb; i++)
+        if (c->ref[i])
+            c->ref[i]--;
+    for (uint64_t i = 0; i < s->refcount_table_size; i++) {
+        uint64_t off = s->refcount_table[i];
+        uint64_t cl = off >> s->cluster_bits;
+        if (!off || (off & (cs - 1)) || cl >= c->file_clusters)
+            continue;
+        if (c->ref[cl])
+            c->ref[cl]--;
+    }
+    uint64_t e = BI_MAX(c->nb, c->file_clusters);
+    uint64_t epb = 1ULL << s->rb_bits;
+    uint64_t r = 1, t = 1;
+    for (;;) {
+        uint64_t total = e + t + r;
+        uint64_t r2 = (total + epb - 1) / epb;
+        uint64_t t2 = (r2 * 8 + cs - 1) / cs;
+        if (r2 <= r && t2 <= t)
+            break;
+        r = BI_MAX(r, r2);
+        t = BI_MAX(t, t2);
+    }
+    if (t * cs > QCOW2_MAX_REFTABLE_BYTES)
+        return -EFBIG;
+    ret = ck_grow(c, e + t + r);
+    if (ret < 0)
+        return ret;
+    for (uint64_t i = e; i < e + t + r; i++)
+        c->ref[i] = 1;
+    uint8_t *buf = bi_blockalign(n->file, cs);
+    uint64_t *tbl = calloc(t * cs / 8, 8);
+    if (!buf || !tbl) {
+        bi_free_aligned(buf);
+        free(tbl);
+        return -ENOMEM;
+    }
+    ret = 0;
+    for (uint64_t b = 0; b < r && ret == 0; b++) {
+        memset(buf, 0, cs);
+        for (uint64_t k = 0; k < epb; k++) {
+            uint64_t cl = b * epb + k;
+            if (cl >= c->nb)
+                break;
+            uint64_t v = c->ref[cl];
+            if (v > s->refcount_max)
+                v = s->refcount_max;
+            ck_rb_set(s, buf, k, v);
+        }
+        uint64_t off = (e + t + b) << s->cluster_bits;
+        ck_put64((uint8_t *)&tbl[b], off);
+        ret = bi_co_pwrite(n->file, off, buf, cs, 0);
+    }
+    if (ret == 0)
+        ret = bi_co_pwrite(n->file, e << s->cluster_bits, tbl, t * cs, 0);
+    if (ret == 0)
+        ret = bi_co_flush(n->file);
+    bi_free_aligned(buf);
+    if (ret < 0) {
+        free(tbl);
+        return ret;
+    }
+    uint8_t h[12];
+    ck_put64(h, e << s->cluster_bits);
+    uint32_t tc = htobe32((uint32_t)t);
+    memcpy(h + 8, &tc, 4);
+    ret = qc_write_header_field(n, QH_RT_OFFSET, h, 12);
+    if (ret < 0) {
+        free(tbl);
+        return ret;
+    }
+    for (uint64_t i = 0; i < t * cs / 8; i++)
+        tbl[i] = be64toh(tbl[i]);
+    free(s->refcount_table);
+    s->refcount_table = tbl;
+    s->refcount_table_size = t * cs / 8;
+    s->refcount_table_offset = e << s->cluster_bits;
+    s->refcount_table_clusters = (uint32_t)t;
+    s->free_cluster_index = 0;
+    s->free_byte_offset = 0;
+    if (((e + t + r) << s->cluster_bits) > s->file_size)
+        s->file_size = (e + t + r) << s->cluster_bits;
+    qc_cache_drop_all(&s->rb_cache);
+    c->file_clusters = BI_MAX(c->file_clusters, e + t + r);
+    return 0;
+}
+
 static void ck_compare(struct ck *c, int fix, uint64_t *highest)
 {
     qcow2_state *s = c->s;
@@ -438,7 +575,30 @@ int qcow2_check_image(bi_node *n, struct bi_check_result *res_out, int fix,
     struct bi_check_result pre = *res;
     uint64_t highest = 0;
     ck_compare(&c, 0, &highest);
-    if (fix) {
+    if (fix && c.rebuild && (fix & BI_CHECK_FIX_ERRORS)) {
+        struct bi_check_result old = *res;
+        fprintf(stderr, "Rebuilding refcount structure\n");
+        ret = qc_flush_metadata(n);
+        if (ret == 0)
+            ret = ck_rebuild(&c);
+        if (ret < 0) {
+            fprintf(stderr, "ERROR rebuilding refcount structure: %s\n",
+                    strerror(-ret));
+            res->check_errors++;
+            goto out;
+        }
+        res->corruptions = 0;
+        res->leaks = 0;
+        c.rebuild = false;
+        ck_compare(&c, 0, &highest);
+        if (c.rebuild)
+            fprintf(stderr, "ERROR rebuilt refcount structure is still "
+                            "broken\n");
+        if (res->corruptions < old.corruptions)
+            res->corruptions_fixed += old.corruptions - res->corruptions;
+        if (res->leaks < old.leaks)
+            res->leaks_fixed += old.leaks - res->leaks;
+    } else if (fix) {
         if (c.rebuild) {
             fprintf(stderr, "ERROR need to rebuild refcount structures\n");
             res->check_errors++;
