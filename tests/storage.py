@@ -288,7 +288,7 @@ static int usage(void)
                     "limits|read OFF LEN|write OFF LEN BYTE|"
                     "zero OFF LEN [unmap]|truncate SIZE PREALLOC|"
                     "hold SECONDS\n"
-                    "       helper create file SIZE PREALLOC\n");
+                    "       helper create file SIZE PREALLOC [OPTIONS]\n");
     return 2;
 }
 
@@ -315,6 +315,8 @@ int main(int argc, char **argv)
         c.quiet = true;
         if (bi_prealloc_parse(argv[4], &c.prealloc) < 0)
             return usage();
+        const char *options[2] = {argc > 5 ? argv[5] : NULL, NULL};
+        c.options = options;
         if (bi_create(argv[2], &c, &err) < 0) {
             fprintf(stderr, "helper: %s\n", err.msg);
             return 1;

@@ -249,3 +249,32 @@ def test_blkimg_io_o_direct_refused(storage_ramfs, blkimg_io):
     assert a.stderr.count("\n") == 1, a.stderr
     assert "filesystem does not support O_DIRECT: Invalid argument" in \
         a.stderr
+
+
+def xfs_extsize(path):
+    cp = run("xfs_io", "-c", "extsize", path)
+    return int(cp.stdout.split("]")[0].lstrip("["))
+
+
+@pytest.mark.parametrize("opts,want", [(None, 1 << 20),
+                                       ("extent_size_hint=64k", 65536),
+                                       ("extent_size_hint=0", 0)])
+def test_create_extent_size_hint_on_xfs(storage_xfs_4k, bi_helper, opts,
+                                        want):
+    """QEMU 7.2 gives new files an extent size hint (1 MiB by default) on
+    xfs, against fragmentation of sparse images: so do we."""
+    ours, theirs = storage_xfs_4k.path("o.img"), storage_xfs_4k.path("t.img")
+    run(bi_helper, "create", ours, "16M", "off", *([opts] if opts else []))
+    run("qemu-img", "create", "-q", "-f", "raw",
+        *(["-o", opts] if opts else []), theirs, "16M")
+    assert xfs_extsize(ours) == xfs_extsize(theirs) == want
+
+
+@pytest.mark.parametrize("size", [1, 256, 511, 513, 100000])
+def test_create_rounds_to_sectors(storage_disk, bi_helper, size):
+    ours, theirs = storage_disk.path("o.img"), storage_disk.path("t.img")
+    run(bi_helper, "create", ours, size, "off")
+    run("qemu-img", "create", "-q", "-f", "raw", theirs, size)
+    assert os.path.getsize(ours) == os.path.getsize(theirs) == \
+        (size + 511) // 512 * 512
+    assert qmap(ours) == qmap(theirs)

@@ -853,6 +853,8 @@ static int file_create(const char *filename, const struct bi_create_opts *o,
     struct bi_file_lock lk = {.perm = 0, .shared = BI_PERM_ALL};
     struct truncate_job j;
     struct stat st;
+    /* QEMU's file protocol creates whole 512-byte sectors. */
+    uint64_t size = bi_align_up(o->size, 512);
     int fd, ret;
 
     do {
@@ -886,7 +888,7 @@ static int file_create(const char *filename, const struct bi_create_opts *o,
             bi_error_set(err, ret, "Could not get the size of '%s'", filename);
             goto out;
         }
-        if (o->size > devsize) {
+        if (size > devsize) {
             bi_error_set(err, 0, "Cannot grow device files");
             ret = -EINVAL;
             goto out;
@@ -938,7 +940,7 @@ static int file_create(const char *filename, const struct bi_create_opts *o,
     memset(&j, 0, sizeof(j));
     j.fd = fd;
     j.direct = false;
-    j.size = o->size;
+    j.size = size;
     j.prealloc = o->prealloc;
     j.align = 1;
     j.mem_align = bi_page_size();
