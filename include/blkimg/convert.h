@@ -44,13 +44,14 @@ struct bi_convert_opts {
     /* Size of the target's backing file when target_has_backing (beyond it,
      * unallocated reads as zeroes anyway); -1 if unknown. */
     int64_t target_backing_size;
-    bool compress;                    /* -c: write compressed clusters */
-    uint64_t min_sparse;              /* -S in bytes; 0 = write every byte */
-    int num_coroutines;               /* -m (1..16) */
-    bool out_of_order;                /* -W */
-    bool copy_range;                  /* -C: copy_file_range where possible */
-    uint64_t buf_size;                /* bytes per request; 0 = 2 MiB */
-    bool flush;                       /* flush the target at the end */
+    bool compress;       /* -c: write compressed clusters */
+    uint64_t min_sparse; /* -S in bytes; 0 = write every byte */
+    int num_coroutines;  /* -m (1..16) */
+    bool out_of_order;   /* -W */
+    bool copy_range;     /* -C: copy_file_range where possible */
+    uint64_t buf_size;   /* bytes per request; 0 = 2 MiB */
+    uint64_t rate_limit; /* -r: data bytes per second; 0 = unlimited */
+    bool flush;          /* flush the target at the end */
     bi_convert_progress_cb *progress; /* may be NULL */
     void *progress_opaque;
     /* If non-NULL and set non-zero (e.g. by a signal handler), the copy

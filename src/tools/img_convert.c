@@ -313,7 +313,7 @@ int img_convert(int argc, char **argv)
     bool image_opts = false, tgt_image_opts = false, target_is_zero = false;
     bool explicit_min_sparse = false;
     enum bi_progress_mode pmode = BI_PROGRESS_NONE;
-    uint64_t min_sparse = 4096;
+    uint64_t min_sparse = 4096, rate_limit = 0;
     int num_co = 8;
     struct bi_optlist opts;
     char **optv = NULL;
@@ -337,8 +337,8 @@ int img_convert(int argc, char **argv)
     optind = 1;
     opterr = 0;
     for (;;) {
-        c = getopt_long(argc, argv, ":hf:O:B:CcF:o:l:S:pt:T:qnm:WU", long_opts,
-                        NULL);
+        c = getopt_long(argc, argv,
+                        ":hf:O:B:CcF:o:l:S:pt:T:qnm:WUr:", long_opts, NULL);
         if (c == -1) {
             break;
         }
@@ -437,6 +437,17 @@ int img_convert(int argc, char **argv)
         case 'W':
             out_of_order = true;
             break;
+        case 'r': {
+            int r = bi_parse_size(optarg, &rate_limit);
+            if (r < 0 || rate_limit > INT64_MAX) {
+                cv_err("Invalid rate limit specified. You may use k, M, G, "
+                       "T, P or E suffixes for");
+                cv_err("kilobytes, megabytes, gigabytes, terabytes, "
+                       "petabytes and exabytes.");
+                goto out_noprog;
+            }
+            break;
+        }
         case 'U':
             force_share = true;
             break;
@@ -635,6 +646,7 @@ int img_convert(int argc, char **argv)
     o.num_coroutines = num_co;
     o.out_of_order = out_of_order;
     o.copy_range = copy_range;
+    o.rate_limit = rate_limit;
     o.target_has_backing = target_has_backing;
     if (target_has_backing && bi_node_backing(dst)) {
         o.target_backing_size = bi_getlength(bi_node_backing(dst));

@@ -216,6 +216,9 @@ ERROR_CASES = [
     ["convert", "-c", "-O", "qcow2", "-o", "preallocation=full", "SRC", "x"],
     ["convert", "-O", "qcow2", "-o", "cluster_size=1000", "SRC", "x"],
     ["convert", "-O", "qcow2", "-o", "bogus=1", "SRC", "x"],
+    ["convert", "-r", "x", "-O", "raw", "SRC", "x"],
+    ["convert", "-r", "-5", "-O", "raw", "SRC", "x"],
+    ["convert", "-O", "raw", "SRC", "x", "-r"],
 ]
 
 
@@ -549,3 +552,19 @@ def test_backing_chain_flattened(qemu_img, blkimg, tmp_path, src):
     assert read(tmp_path / "o.raw") == read(tmp_path / "q.raw")
     assert blocks(tmp_path / "o.raw") == blocks(tmp_path / "q.raw")
     assert read(tmp_path / "o.raw")[:65536] == bytes(65536)
+
+
+def test_rate_limit(blkimg, tmp_path):
+    """-r BYTES_PER_SECOND: 8 MiB of data at 4 MiB/s takes about 2 s."""
+    src = make_raw(tmp_path / "r.raw", size=16 * MiB, seed=9,
+                   extents=[(0, 8 * MiB, "data")])
+    t0 = time.time()
+    assert run2(blkimg, ["convert", "-r", "4M", "-O", "raw", src,
+                         tmp_path / "o"]) == (0, b"", "")
+    slow = time.time() - t0
+    assert read(tmp_path / "o") == read(src)
+    assert 1.4 < slow < 10
+    t0 = time.time()
+    assert run2(blkimg, ["convert", "-r", "0", "-O", "raw", src,
+                         tmp_path / "o2"])[0] == 0
+    assert time.time() - t0 < slow

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define SECTOR 512ULL
@@ -88,6 +89,11 @@ struct cv_state {
     uint64_t done, alloc_total;
     uint64_t frontier; /* chunks below are done (progress order) */
     struct pend *pend; /* done chunks above the frontier, sorted */
+
+    /* -r: qemu's rate limiter (100 ms slices) */
+    uint64_t rl_quota;
+    uint64_t rl_dispatched;
+    uint64_t rl_start, rl_end;
 
     int running;
     int releases; /* release_co scheduled, not yet run */
@@ -732,6 +738,44 @@ static void chunk_done(struct cv_state *s, const struct chunk *ch)
     }
 }
 
+static uint64_t mono_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ULL + (uint64_t)ts.tv_nsec;
+}
+
+#define RL_SLICE_NS 100000000ULL
+
+/* Delay before n more bytes may go, as qemu's ratelimit computes it: a
+ * quota per 100 ms slice; past it, wait in proportion to the excess. */
+static uint64_t rate_delay(struct cv_state *s, uint64_t n)
+{
+    uint64_t now = mono_ns();
+    if (s->rl_end < now) {
+        s->rl_start = now;
+        s->rl_end = now + RL_SLICE_NS;
+        s->rl_dispatched = 0;
+    }
+    s->rl_dispatched += n;
+    if (s->rl_dispatched < s->rl_quota) {
+        return 0;
+    }
+    double slices = (double)s->rl_dispatched / (double)s->rl_quota;
+    s->rl_end = s->rl_start + (uint64_t)(slices * (double)RL_SLICE_NS);
+    return s->rl_end > now ? s->rl_end - now : 0;
+}
+
+static int sleep_fn(void *opaque)
+{
+    uint64_t ns = *(uint64_t *)opaque;
+    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ULL),
+                          .tv_nsec = (long)(ns % 1000000000ULL)};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+    }
+    return 0;
+}
+
 static void worker(void *opaque)
 {
     struct cv_state *s = opaque;
@@ -742,6 +786,13 @@ static void worker(void *opaque)
         set_error(s, -ENOMEM, EK_NONE, 0);
     }
     while (buf && take_chunk(s, &ch) == 0) {
+        if (s->rl_quota &&
+            (ch.kind == CK_DATA || (!s->min_sparse && ch.kind == CK_ZERO))) {
+            uint64_t d = rate_delay(s, ch.len);
+            if (d) {
+                bi_run_in_thread(sleep_fn, &d);
+            }
+        }
         if (do_chunk(s, &ch, buf) < 0) {
             break;
         }
@@ -890,6 +941,9 @@ int bi_convert(const struct bi_convert_opts *o, bi_error *err)
         s.align = SECTOR;
     }
     s.has_zero_init = o->target_is_zero && !o->target_has_backing;
+    if (o->rate_limit) {
+        s.rl_quota = BI_MAX(o->rate_limit / 10, 1);
+    }
     s.mem_align = BI_MAX((uint64_t)o->dst->limits.opt_mem_alignment,
                          (uint64_t)bi_page_size());
     for (int i = 0; i < o->n_src; i++) {
