@@ -167,3 +167,21 @@ def test_dirty_image_repaired_on_write_open(run, qemu_img, qemu_io, blkimg_io,
     cp = run(qemu_io, "-r", "-c", "read -P 1 0 512k", "-c",
              "read -P 2 768k 64k", img)
     assert cp.returncode == 0 and "failed" not in cp.stdout, cp.stdout
+
+
+def test_bitmaps_listed_and_accounted(run, qemu_img, blkimg, tmp_path):
+    """Persistent bitmaps: info lists them as qemu-img does, check counts
+    their clusters (no false leaks, so -r leaks cannot destroy them)."""
+    img = str(tmp_path / "bm.qcow2")
+    run(qemu_img, "create", "-q", "-f", "qcow2", img, "4M", check=True)
+    run(qemu_img, "bitmap", "--add", img, "b0", check=True)
+    run(qemu_img, "bitmap", "--add", "-g", "128k", "--disable", img,
+        "b\"1", check=True)
+    for args in (["info"], ["info", "--output=json"]):
+        q = run(qemu_img, *args, img, check=True)
+        b = run(blkimg, *args, img, check=True)
+        assert b.stdout == q.stdout
+    o = compare(run, qemu_img, blkimg, img, tmp_path)
+    assert o.returncode == 0
+    o = compare(run, qemu_img, blkimg, img, tmp_path, "-r", "leaks")
+    assert o.returncode == 0

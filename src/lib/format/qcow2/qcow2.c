@@ -144,6 +144,21 @@ int qc_signal_corruption(bi_node *n, const char *fmt, ...)
     return -EIO;
 }
 
+int qc_before_write(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
+    if (!s->autoclear_pending)
+        return 0;
+    uint64_t keep = s->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW;
+    uint64_t v = htobe64(keep);
+    int ret = qc_write_header_field(n, QH_AUTOCLEAR, &v, 8);
+    if (ret < 0)
+        return ret;
+    s->autoclear = keep;
+    s->autoclear_pending = false;
+    return 0;
+}
+
 static const char *feature_name(const qcow2_state *s, int type, int bit)
 {
     for (int i = 0; i < s->n_features; i++)
@@ -263,6 +278,12 @@ static int parse_extensions(qcow2_state *s, const uint8_t *hdr, uint64_t start,
         }
         case QCOW2_EXT_BITMAPS:
             s->has_bitmaps = true;
+            if (len < 24)
+                return qerr(err, -EINVAL,
+                            "bitmaps_ext: Invalid extension length");
+            s->nb_bitmaps = rd32(d);
+            s->bitmap_dir_size = rd64(d + 8);
+            s->bitmap_dir_offset = rd64(d + 16);
             break;
         case QCOW2_EXT_CRYPTO:
             break; /* encrypted images are refused anyway */
@@ -613,6 +634,12 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
     ret = qc_read_snapshots(n, err);
     if (ret < 0)
         goto out;
+    /* persistent bitmaps: only a consistent extension counts */
+    if (s->has_bitmaps && (s->autoclear & QCOW2_AUTOCLEAR_BITMAPS)) {
+        ret = qc_read_bitmaps(n, err);
+        if (ret < 0)
+            goto out;
+    }
 
     /* caches: 8 MiB of L2 by default (64 GiB of guest at 64 KiB) */
     {
@@ -707,16 +734,7 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
         /* Unknown autoclear bits and the bitmaps bit (we do not keep
          * bitmaps up to date) are cleared before the first write. */
         uint64_t keep = s->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW;
-        if (s->version >= 3 && keep != s->autoclear) {
-            uint64_t v = htobe64(keep);
-            ret = qc_write_header_field(n, QH_AUTOCLEAR, &v, 8);
-            if (ret < 0) {
-                qerr(err, ret, "Could not update qcow2 header: %s",
-                     strerror(-ret));
-                goto out;
-            }
-            s->autoclear = keep;
-        }
+        s->autoclear_pending = s->version >= 3 && keep != s->autoclear;
     }
     ret = 0;
 out:
@@ -738,6 +756,7 @@ static void qcow2_free_state(bi_node *n)
     free(s->refcount_table);
     s->refcount_table = NULL;
     qc_free_snapshots(s);
+    qc_free_bitmaps(s);
     free(s->backing_file);
     free(s->backing_format);
     free(s->data_file_name);
@@ -862,6 +881,50 @@ static void kv_num(struct bi_image_info *info, const char *jk, const char *hk,
     kv->num = v;
 }
 
+/* "bitmaps": a JSON list of {flags, name, granularity} (left out if it
+ * does not fit the info entry). */
+static void bitmaps_kv(const qcow2_state *s, struct bi_image_info *info)
+{
+    char js[sizeof(info->specific[0].str)];
+    size_t pos = 0;
+#define PUT(...)                                                               \
+    do {                                                                       \
+        int w_ = snprintf(js + pos, sizeof(js) - pos, __VA_ARGS__);            \
+        if (w_ < 0 || (size_t)w_ >= sizeof(js) - pos)                          \
+            return;                                                            \
+        pos += (size_t)w_;                                                     \
+    } while (0)
+    PUT("[");
+    for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
+        const struct qcow2_bitmap *bm = &s->bitmaps[i];
+        PUT("%s{\"flags\": [", i ? ", " : "");
+        if (bm->flags & 1)
+            PUT("\"in-use\"");
+        if (bm->flags & 2)
+            PUT("%s\"auto\"", (bm->flags & 1) ? ", " : "");
+        PUT("], \"name\": \"");
+        for (const char *c = bm->name; *c; c++) {
+            if (*c == '"' || *c == '\\')
+                PUT("\\%c", *c);
+            else if ((unsigned char)*c < 0x20)
+                PUT("\\u%04x", (unsigned char)*c);
+            else
+                PUT("%c", *c);
+        }
+        PUT("\", \"granularity\": %llu}", 1ULL << bm->granularity_bits);
+    }
+    PUT("]");
+#undef PUT
+    if (info->n_specific >= (int)BI_ARRAY_SIZE(info->specific))
+        return;
+    struct bi_kv *kv = &info->specific[info->n_specific++];
+    memset(kv, 0, sizeof(*kv));
+    snprintf(kv->json_key, sizeof(kv->json_key), "bitmaps");
+    snprintf(kv->human_key, sizeof(kv->human_key), "bitmaps");
+    kv->type = BI_KV_JSON;
+    memcpy(kv->str, js, pos + 1);
+}
+
 static int qcow2_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
 {
     qcow2_state *s = n->opaque;
@@ -882,6 +945,8 @@ static int qcow2_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
     if (s->version >= 3)
         kv_num(info, "lazy-refcounts", "lazy refcounts", BI_KV_BOOL,
                (s->compat & QCOW2_COMPAT_LAZY_REFCOUNTS) != 0);
+    if (s->nb_bitmaps && s->bitmaps)
+        bitmaps_kv(s, info);
     kv_num(info, "refcount-bits", "refcount bits", BI_KV_INT, s->refcount_bits);
     if (s->version >= 3) {
         if (s->data_file_name || qc_has_data_file(s)) {

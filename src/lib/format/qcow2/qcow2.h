@@ -152,6 +152,15 @@ struct qcow2_snapshot {
     uint32_t unknown_extra_len;
 };
 
+/* A persistent dirty bitmap (kept intact, not used). */
+struct qcow2_bitmap {
+    char *name;
+    uint32_t flags;
+    uint8_t granularity_bits;
+    uint64_t table_offset;
+    uint32_t table_size; /* entries */
+};
+
 /* A range of host clusters whose reference is dropped once the L2 tables
  * that no longer point to them are on disk. */
 struct qcow2_free_range {
@@ -203,6 +212,10 @@ typedef struct qcow2_state {
     bi_node *data_file; /* NULL: data lives in n->file */
     bool data_file_raw;
     bool has_bitmaps;
+    uint32_t nb_bitmaps; /* from the bitmaps extension (consistent only) */
+    uint64_t bitmap_dir_size, bitmap_dir_offset;
+    struct qcow2_bitmap *bitmaps;
+    bool autoclear_pending; /* unknown/bitmap bits to clear on 1st write */
 
     struct qcow2_feature_name *features;
     int n_features;
@@ -336,6 +349,11 @@ int qc_read_compressed_cluster(bi_node *n, uint64_t entry, void *buf);
 /* ---- snapshots (qcow2_snapshot.c) ---- */
 int qc_read_snapshots(bi_node *n, bi_error *err);
 void qc_free_snapshots(qcow2_state *s);
+int qc_read_bitmaps(bi_node *n, bi_error *err);
+void qc_free_bitmaps(qcow2_state *s);
+/* Before the first change to the image: clears the autoclear bits we do
+ * not maintain (bitmaps become inconsistent, as the spec asks). */
+int qc_before_write(bi_node *n);
 int qc_snapshot_create(bi_node *n, const char *name, bi_error *err);
 int qc_snapshot_apply(bi_node *n, const char *name, bi_error *err);
 int qc_snapshot_delete(bi_node *n, const char *name, bi_error *err);

@@ -226,6 +226,34 @@ static int ck_calculate(struct ck *c)
             return ret;
     }
     ck_inc(c, s->snapshots_offset, s->snapshots_size);
+    /* persistent bitmaps: directory, tables and data clusters */
+    if (s->bitmaps) {
+        ck_inc(c, s->bitmap_dir_offset, s->bitmap_dir_size);
+        for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
+            const struct qcow2_bitmap *bm = &s->bitmaps[i];
+            uint64_t bytes = (uint64_t)bm->table_size * 8;
+            if (!bytes)
+                continue;
+            ck_inc(c, bm->table_offset, bytes);
+            uint64_t *t = malloc(bytes);
+            if (!t) {
+                c->res->check_errors++;
+                return -ENOMEM;
+            }
+            ret = bi_co_pread(c->n->file, bm->table_offset, t, bytes);
+            if (ret < 0) {
+                free(t);
+                c->res->check_errors++;
+                return ret;
+            }
+            for (uint32_t j = 0; j < bm->table_size; j++) {
+                uint64_t off = be64toh(t[j]) & 0x00fffffffffffe00ULL;
+                if (off)
+                    ck_inc(c, off, s->cluster_size);
+            }
+            free(t);
+        }
+    }
     ck_inc(c, s->refcount_table_offset, s->refcount_table_size * 8);
     for (uint64_t i = 0; i < s->refcount_table_size; i++) {
         uint64_t off = s->refcount_table[i];
@@ -538,6 +566,13 @@ int qcow2_check_image(bi_node *n, struct bi_check_result *res_out, int fix,
         return -EROFS;
     }
     bi_co_mutex_lock(&s->lock);
+    if (fix) {
+        ret = qc_before_write(n);
+        if (ret < 0) {
+            res->check_errors++;
+            goto out;
+        }
+    }
     if (!s->read_only) {
         ret = qc_flush_metadata(n);
         if (ret < 0) {

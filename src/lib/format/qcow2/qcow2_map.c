@@ -823,7 +823,9 @@ int qcow2_co_map(bi_node *n, uint64_t off, uint64_t len, unsigned flags,
     if (s->corrupt)
         return -EIO;
     bi_co_mutex_lock(&s->lock);
-    int ret = map_write_locked(n, off, len, ext);
+    int ret = qc_before_write(n);
+    if (ret == 0)
+        ret = map_write_locked(n, off, len, ext);
     bi_co_mutex_unlock(&s->lock);
     return ret;
 }
@@ -1095,8 +1097,10 @@ int qcow2_co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags)
             return ret;
     }
     bi_co_mutex_lock(&s->lock);
-    ret =
-        zero_units_locked(n, a, b - a, (flags & BI_REQ_MAY_UNMAP) != 0, false);
+    ret = qc_before_write(n);
+    if (ret == 0)
+        ret = zero_units_locked(n, a, b - a, (flags & BI_REQ_MAY_UNMAP) != 0,
+                                false);
     if (ret == 0 &&
         (n->cache == BI_CACHE_WRITETHROUGH || n->cache == BI_CACHE_DIRECTSYNC))
         ret = qc_flush_metadata(n);
@@ -1128,7 +1132,9 @@ int qcow2_co_pdiscard(bi_node *n, uint64_t off, uint64_t len)
     if (a >= b)
         return 0; /* partial clusters are not discarded, as in QEMU */
     bi_co_mutex_lock(&s->lock);
-    int ret = zero_units_locked(n, a, b - a, true, true);
+    int ret = qc_before_write(n);
+    if (ret == 0)
+        ret = zero_units_locked(n, a, b - a, true, true);
     if (ret == -ENOTSUP)
         ret = 0;
     bi_co_mutex_unlock(&s->lock);
@@ -1190,7 +1196,8 @@ int qcow2_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
     uint64_t csize = (uint64_t)j.out;
 
     bi_co_mutex_lock(&s->lock);
-    int64_t host = qc_alloc_bytes(n, csize);
+    ret = qc_before_write(n);
+    int64_t host = ret < 0 ? ret : qc_alloc_bytes(n, csize);
     if (host < 0) {
         ret = (int)host;
         bi_co_mutex_unlock(&s->lock);
@@ -1322,6 +1329,9 @@ int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
         return -EFBIG;
     }
     bi_co_mutex_lock(&s->lock);
+    ret = qc_before_write(n);
+    if (ret < 0)
+        goto out;
     if (size < n->size) {
         /* drop every cluster wholly past the new end */
         uint64_t a = bi_align_up(size, s->cluster_size);

@@ -421,6 +421,11 @@ int qc_snapshot_create(bi_node *n, const char *name, bi_error *err)
                     "long",
                     name);
     bi_co_mutex_lock(&s->lock);
+    ret = qc_before_write(n);
+    if (ret < 0) {
+        bi_co_mutex_unlock(&s->lock);
+        return ret;
+    }
     /* new id: one more than the highest numeric id */
     unsigned long max_id = 0;
     for (uint32_t i = 0; i < s->nb_snapshots; i++) {
@@ -507,6 +512,11 @@ int qc_snapshot_apply(bi_node *n, const char *name, bi_error *err)
     if (ret < 0)
         return ret;
     bi_co_mutex_lock(&s->lock);
+    ret = qc_before_write(n);
+    if (ret < 0) {
+        bi_co_mutex_unlock(&s->lock);
+        return ret;
+    }
     int idx = find_snapshot(s, name);
     if (idx < 0) {
         bi_co_mutex_unlock(&s->lock);
@@ -576,6 +586,11 @@ int qc_snapshot_delete(bi_node *n, const char *name, bi_error *err)
     if (ret < 0)
         return ret;
     bi_co_mutex_lock(&s->lock);
+    ret = qc_before_write(n);
+    if (ret < 0) {
+        bi_co_mutex_unlock(&s->lock);
+        return ret;
+    }
     int idx = find_snapshot(s, name);
     if (idx < 0) {
         bi_co_mutex_unlock(&s->lock);
@@ -701,4 +716,75 @@ int bi_snapshot_list(bi_node *node, struct bi_snapshot_info **out, int *count,
     *count = (int)s->nb_snapshots;
     BI_UNUSED(err);
     return 0;
+}
+
+/* ------------------------------------------------- persistent bitmaps */
+
+void qc_free_bitmaps(qcow2_state *s)
+{
+    if (!s->bitmaps)
+        return;
+    for (uint32_t i = 0; i < s->nb_bitmaps; i++)
+        free(s->bitmaps[i].name);
+    free(s->bitmaps);
+    s->bitmaps = NULL;
+}
+
+int qc_read_bitmaps(bi_node *n, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    if (!s->nb_bitmaps)
+        return 0;
+    if (s->nb_bitmaps > 65535)
+        return snap_err(err, -EINVAL,
+                        "bitmaps_ext: Image has too many bitmaps");
+    if (s->bitmap_dir_size > (64u << 20) || s->bitmap_dir_size < 24 ||
+        (s->bitmap_dir_offset & (s->cluster_size - 1)) ||
+        s->bitmap_dir_offset > s->file_size ||
+        s->file_size - s->bitmap_dir_offset < s->bitmap_dir_size)
+        return snap_err(err, -EINVAL, "bitmaps_ext: Invalid bitmap directory");
+    uint8_t *d = malloc(s->bitmap_dir_size);
+    if (!d)
+        return -ENOMEM;
+    int ret = bi_co_pread(n->file, s->bitmap_dir_offset, d, s->bitmap_dir_size);
+    if (ret < 0) {
+        free(d);
+        return snap_err(err, ret, "Failed to read bitmap directory");
+    }
+    s->bitmaps = calloc(s->nb_bitmaps, sizeof(*s->bitmaps));
+    if (!s->bitmaps) {
+        free(d);
+        return -ENOMEM;
+    }
+    uint64_t pos = 0;
+    for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
+        struct qcow2_bitmap *bm = &s->bitmaps[i];
+        if (s->bitmap_dir_size - pos < 24)
+            goto bad;
+        const uint8_t *e = d + pos;
+        bm->table_offset = g64(e);
+        bm->table_size = g32(e + 8);
+        bm->flags = g32(e + 12);
+        bm->granularity_bits = e[17];
+        uint16_t nl = g16(e + 18);
+        uint32_t ex = g32(e + 20);
+        uint64_t len = 24 + (uint64_t)ex + nl;
+        if (len > s->bitmap_dir_size - pos || bm->granularity_bits > 63 ||
+            (bm->table_offset & (s->cluster_size - 1)) ||
+            (uint64_t)bm->table_size * 8 > (64u << 20))
+            goto bad;
+        bm->name = malloc((size_t)nl + 1);
+        if (!bm->name)
+            goto bad;
+        memcpy(bm->name, e + 24 + ex, nl);
+        bm->name[nl] = 0;
+        pos += bi_align_up(len, 8);
+    }
+    free(d);
+    return 0;
+bad:
+    free(d);
+    qc_free_bitmaps(s);
+    return snap_err(err, -EINVAL,
+                    "bitmaps_ext: Invalid bitmap directory entry");
 }
