@@ -949,6 +949,14 @@ static int file_create(const char *filename, const struct bi_create_opts *o,
         bi_error_set(err, ret, "%s", j.what ? j.what : "Could not resize file");
         goto out;
     }
+    /* The first block went through the page cache; the image is usually
+     * opened with O_DIRECT next. Leave no dirty page behind that writeback
+     * could race with a direct write of the same block (stale cache). */
+    if (fdatasync(fd) < 0) {
+        ret = -errno;
+        bi_error_set(err, ret, "Could not flush '%s'", filename);
+        goto out;
+    }
     ret = 0;
 
 out:
