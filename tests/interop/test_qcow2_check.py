@@ -183,5 +183,11 @@ def test_bitmaps_listed_and_accounted(run, qemu_img, blkimg, tmp_path):
         assert b.stdout == q.stdout
     o = compare(run, qemu_img, blkimg, img, tmp_path)
     assert o.returncode == 0
-    o = compare(run, qemu_img, blkimg, img, tmp_path, "-r", "leaks")
-    assert o.returncode == 0
+    # a repair run leaves the bitmaps valid (QEMU itself rewrites the
+    # bitmap directory when it closes, so the files are not compared)
+    o = run(blkimg, "check", "-r", "leaks", img)
+    assert o.returncode == 0 and "Leaked" not in o.stderr, o.stderr
+    q = run(qemu_img, "check", img)
+    assert q.returncode == 0 and not q.stderr, q.stderr
+    assert run(blkimg, "info", img).stdout == run(qemu_img, "info",
+                                                  img).stdout

@@ -144,19 +144,31 @@ int qc_signal_corruption(bi_node *n, const char *fmt, ...)
     return -EIO;
 }
 
-int qc_before_write(bi_node *n)
+static int clear_autoclear(bi_node *n, uint64_t keep)
 {
     qcow2_state *s = n->opaque;
-    if (!s->autoclear_pending)
+    if (!s->autoclear_pending || keep == s->autoclear)
         return 0;
-    uint64_t keep = s->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW;
     uint64_t v = htobe64(keep);
     int ret = qc_write_header_field(n, QH_AUTOCLEAR, &v, 8);
     if (ret < 0)
         return ret;
     s->autoclear = keep;
-    s->autoclear_pending = false;
+    s->autoclear_pending =
+        keep != (s->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW);
     return 0;
+}
+
+int qc_before_write(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
+    return clear_autoclear(n, s->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW);
+}
+
+int qc_before_meta_write(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
+    return clear_autoclear(n, s->autoclear & QCOW2_AUTOCLEAR_KNOWN);
 }
 
 static const char *feature_name(const qcow2_state *s, int type, int bit)

@@ -354,6 +354,9 @@ void qc_free_bitmaps(qcow2_state *s);
 /* Before the first change to the image: clears the autoclear bits we do
  * not maintain (bitmaps become inconsistent, as the spec asks). */
 int qc_before_write(bi_node *n);
+/* Before metadata-only changes (repairs): unknown autoclear bits only;
+ * the guest data, and so the bitmaps, stay valid. */
+int qc_before_meta_write(bi_node *n);
 int qc_snapshot_create(bi_node *n, const char *name, bi_error *err);
 int qc_snapshot_apply(bi_node *n, const char *name, bi_error *err);
 int qc_snapshot_delete(bi_node *n, const char *name, bi_error *err);

@@ -567,7 +567,7 @@ int qcow2_check_image(bi_node *n, struct bi_check_result *res_out, int fix,
     }
     bi_co_mutex_lock(&s->lock);
     if (fix) {
-        ret = qc_before_write(n);
+        ret = qc_before_meta_write(n);
         if (ret < 0) {
             res->check_errors++;
             goto out;
