@@ -950,8 +950,19 @@ int bi_convert(const struct bi_convert_opts *o, bi_error *err)
         s.mem_align =
             BI_MAX(s.mem_align, (uint64_t)o->src[i]->limits.opt_mem_alignment);
     }
-    /* The order of writes to a raw target changes nothing in its layout. */
-    s.in_order = !o->out_of_order && strcmp(bi_node_format(o->dst), "raw") != 0;
+    /* The order of writes to a raw file changes nothing in its layout; a
+     * block device (thin-provisioned volumes allocate in write order) and
+     * image formats get their writes in order unless -W. */
+    s.in_order = !o->out_of_order;
+    if (s.in_order && !strcmp(bi_node_format(o->dst), "raw") &&
+        bi_node_file(o->dst)) {
+        struct bi_storage_info si;
+        memset(&si, 0, sizeof(si));
+        if (bi_storage_info(bi_node_file(o->dst), &si) == 0 &&
+            !si.is_block_device) {
+            s.in_order = false;
+        }
+    }
 
     if (o->copy_range && !o->compress && bi_node_file(o->dst) &&
         strcmp(bi_node_format(o->dst), "raw") == 0) {
