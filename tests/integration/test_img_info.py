@@ -173,7 +173,8 @@ def special(qemu_img, tmp_path_factory):
     qemu(qemu_img, "create", "-q", "-f", "qcow2", "-o",
          "compression_type=zstd", d / "zstd.qcow2", "1M")
     qemu(qemu_img, "create", "-q", "-f", "qcow2", "-o",
-         "data_file=df.raw,data_file_raw=on", d / "datafile.qcow2", "1M")
+         "data_file=df.raw,data_file_raw=on", d / "datafile.qcow2", "1M",
+         cwd=d)
     qemu(qemu_img, "create", "-q", "-f", "qcow2", d / "bitmaps.qcow2", "1M")
     qemu(qemu_img, "bitmap", "--add", d / "bitmaps.qcow2", "b0")
     qemu(qemu_img, "bitmap", "--add", "-g", "128k", d / "bitmaps.qcow2", "b1")

@@ -114,7 +114,8 @@ def test_map_compressed_and_data_file(qemu_img, blkimg, tmp_path, out):
     qemu(qemu_img, "convert", "-c", "-O", "qcow2", d / "src.raw",
          d / "compressed.qcow2")
     qemu(qemu_img, "create", "-q", "-f", "qcow2", "-o",
-         "data_file=df.raw,data_file_raw=on", d / "datafile.qcow2", "1M")
+         "data_file=df.raw,data_file_raw=on", d / "datafile.qcow2", "1M",
+         cwd=d)
     for name in ("compressed.qcow2", "datafile.qcow2"):
         compare(qemu_img, blkimg, ["map", "--output=" + out, name], cwd=d)
 
