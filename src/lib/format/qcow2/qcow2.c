@@ -806,9 +806,12 @@ static int close_co(void *arg)
         return 0;
     bi_co_mutex_lock(&s->lock);
     int ret = qc_flush_metadata(n);
-    bi_co_mutex_unlock(&s->lock);
     if (ret == 0)
         ret = bi_co_flush(n->file);
+    /* everything is on disk: a lazy-refcounts image is clean again */
+    if (ret == 0 && (s->incompat & QCOW2_INCOMPAT_DIRTY) && s->marked_dirty)
+        ret = qc_update_incompat(n, s->incompat & ~QCOW2_INCOMPAT_DIRTY);
+    bi_co_mutex_unlock(&s->lock);
     return ret;
 }
 

@@ -102,6 +102,17 @@ static void cache_hash_insert(struct qcow2_cache *c, int idx, uint64_t off)
 static int l2_dependency(bi_node *n)
 {
     qcow2_state *s = n->opaque;
+    if ((s->compat & QCOW2_COMPAT_LAZY_REFCOUNTS) && !s->check_mode) {
+        /* lazy refcounts: the dirty bit stands in for the ordering; an
+         * unclean shutdown makes the next writer rebuild the counts */
+        if (!(s->incompat & QCOW2_INCOMPAT_DIRTY)) {
+            int r = qc_update_incompat(n, s->incompat | QCOW2_INCOMPAT_DIRTY);
+            if (r < 0)
+                return r;
+            s->marked_dirty = true;
+        }
+        return 0;
+    }
     int ret = qc_cache_writeback(n, &s->rb_cache);
     if (ret < 0)
         return ret;
