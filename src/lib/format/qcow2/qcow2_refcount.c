@@ -502,6 +502,35 @@ int64_t qc_alloc_bytes(bi_node *n, uint64_t size)
             s->free_byte_offset = (in + size == cs) ? 0 : off + size;
             return (int64_t)off;
         }
+        if (in) {
+            /* spill over into the clusters right after, if they are free,
+             * so that compressed data stays packed */
+            uint64_t off = s->free_byte_offset;
+            uint64_t next = qc_start_of_cluster(s, off) + cs;
+            uint64_t k = (in + size + cs - 1) / cs - 1;
+            bool ok = true;
+            for (uint64_t j = 0; j < k && ok; j++) {
+                uint64_t ci = (next >> s->cluster_bits) + j;
+                uint64_t rt = ci >> s->rb_bits, rc;
+                if (rt >= s->refcount_table_size ||
+                    !(s->refcount_table[rt] & RTE_OFFSET_MASK) ||
+                    qc_get_refcount(n, ci, &rc) < 0 || rc)
+                    ok = false;
+            }
+            if (ok && qc_check_overlap(n, 0, next, k * cs) == 0) {
+                ret = qc_update_refcount(n, off, 1, 1);
+                if (ret == 0)
+                    ret = qc_update_refcount(n, next, k * cs, 1);
+                if (ret < 0)
+                    return ret;
+                if (s->free_cluster_index >= (next >> s->cluster_bits) &&
+                    s->free_cluster_index < (next >> s->cluster_bits) + k)
+                    s->free_cluster_index = (next >> s->cluster_bits) + k;
+                uint64_t end = off + size;
+                s->free_byte_offset = (end & (cs - 1)) ? end : 0;
+                return (int64_t)off;
+            }
+        }
     }
     int64_t off = qc_alloc_clusters(n, (size + cs - 1) / cs);
     if (off < 0)
