@@ -238,3 +238,29 @@ def test_truncate_grows_l1(run, qemu_img, qemu_io, blkimg_io, tmp_path):
     assert info["virtual-size"] == 4 << 20
     apply(run, qemu_io, img, ["read -P 1 0 64k", "read -P 0 64k 2M",
                               "read -P 2 3M 1M"])
+
+
+@pytest.mark.parametrize("compat", ["1.1", "0.10"])
+def test_concurrent_zero_and_data_writes_share_clusters(
+        run, qemu_img, qemu_io, blkimg_io, tmp_path, compat):
+    """Zero writes and data writes in flight on disjoint bytes of the same
+    clusters (partial clusters: the driver allocates for both) all
+    survive."""
+    img = str(tmp_path / "z.qcow2")
+    run(qemu_img, "create", "-q", "-f", "qcow2", "-o",
+        "cluster_size=4k,compat=" + compat, img, "1M", check=True)
+    run(qemu_io, "-c", "write -P 9 0 1M", img, check=True)
+    cmds = []
+    model = bytearray(b"\x09" * (1 << 20))
+    for i in range(128):
+        off = i * 3000
+        if i % 2:
+            cmds.append("aio_write -z %d 3000" % off)
+            model[off:off + 3000] = bytes(3000)
+        else:
+            cmds.append("aio_write -P %d %d 3000" % (i + 1, off))
+            model[off:off + 3000] = bytes([i + 1]) * 3000
+    cmds.append("aio_flush")
+    apply(run, blkimg_io, img, cmds)
+    qemu_check_clean(run, qemu_img, img)
+    assert raw_of(run, qemu_img, img, tmp_path) == bytes(model)
