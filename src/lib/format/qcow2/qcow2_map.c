@@ -648,11 +648,16 @@ static int map_write_locked(bi_node *n, uint64_t off, uint64_t len,
     bool ext_partial = s->ext_l2 && (entry & QCOW_OFLAG_COPIED) &&
                        !(entry & QCOW_OFLAG_COMPRESSED) &&
                        (entry_host(s, entry) || qc_has_data_file(s));
+    /* a preallocated zero cluster of ours is written where it is */
+    bool reuse_zero = !s->ext_l2 && (entry & QCOW_OFLAG_COPIED) &&
+                      (entry & QCOW_OFLAG_ZERO) &&
+                      !(entry & QCOW_OFLAG_COMPRESSED) &&
+                      entry_host(s, entry) && !qc_has_data_file(s);
     uint64_t max_nb = QC_MAX_ALLOC_BYTES / cs;
     if (max_nb == 0)
         max_nb = 1;
     uint64_t nb = 1;
-    if (!ext_partial) {
+    if (!ext_partial && !reuse_zero) {
         /* extend over following clusters that need allocation too */
         uint64_t pos = c0 + cs;
         void *t2 = table;
@@ -716,7 +721,7 @@ static int map_write_locked(bi_node *n, uint64_t off, uint64_t len,
     }
 
     /* host run */
-    if (ext_partial) {
+    if (ext_partial || reuse_zero) {
         a->host = qc_has_data_file(s) ? c0 : entry_host(s, entry);
         a->allocated = false;
     } else if (qc_has_data_file(s)) {
