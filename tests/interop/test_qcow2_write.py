@@ -264,3 +264,28 @@ def test_concurrent_zero_and_data_writes_share_clusters(
     apply(run, blkimg_io, img, cmds)
     qemu_check_clean(run, qemu_img, img)
     assert raw_of(run, qemu_img, img, tmp_path) == bytes(model)
+
+
+def test_small_metadata_caches_evict_cleanly(run, qemu_img, qemu_io,
+                                             blkimg_io, tmp_path):
+    """l2-cache-size / refcount-cache-size far below the working set:
+    dirty tables are written back on eviction in the right order."""
+    img = str(tmp_path / "ev.qcow2")
+    run(qemu_img, "create", "-q", "-f", "qcow2", "-o", "cluster_size=512",
+        img, "8M", check=True)
+    ref = str(tmp_path / "ref.qcow2")
+    shutil.copy(img, ref)
+    cmds = ["write -P %d %d 70000" % (i + 1, i * 131072 + i * 7)
+            for i in range(60)]
+    argv = [blkimg_io, "--image-opts"]
+    for c in cmds:
+        argv += ["-c", c]
+    argv.append("driver=qcow2,l2-cache-size=8k,refcount-cache-size=8k,"
+                "file.filename=" + img)
+    cp = run(*argv)
+    assert cp.returncode == 0 and cp.stdout.count("wrote") == 60, \
+        cp.stdout + cp.stderr
+    apply(run, qemu_io, ref, cmds)
+    qemu_check_clean(run, qemu_img, img)
+    assert raw_of(run, qemu_img, img, tmp_path) == \
+        raw_of(run, qemu_img, ref, tmp_path)
