@@ -117,6 +117,12 @@ struct bi_driver {
     int (*storage_info)(bi_node *n, struct bi_storage_info *out);
     int (*check)(bi_node *n, struct bi_check_result *res, int fix,
                  bi_error *err);
+    /* Image operations (blkimg/image_ops.h); NULL: -ENOTSUP. */
+    int (*change_backing_file)(bi_node *n, const char *backing_file,
+                               const char *backing_fmt, bi_error *err);
+    int (*co_make_empty)(bi_node *n);
+    int (*amend)(bi_node *n, const char *const *options, bool force,
+                 bi_error *err);
 };
 
 /* A write (or RMW) in flight, for overlap serialisation. */

@@ -1017,4 +1017,6 @@ const struct bi_driver bi_drv_qcow2 = {
     .get_allocated_file_size = qcow2_get_allocated_file_size,
     .get_info = qcow2_get_info,
     .check = qcow2_check_image,
+    .change_backing_file = qcow2_change_backing_file,
+    .co_make_empty = qcow2_co_make_empty,
 };

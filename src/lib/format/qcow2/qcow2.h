@@ -383,5 +383,8 @@ int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
                       enum bi_prealloc prealloc, bi_error *err);
 int qcow2_check_image(bi_node *n, struct bi_check_result *res, int fix,
                       bi_error *err);
+int qcow2_change_backing_file(bi_node *n, const char *backing_file,
+                              const char *backing_fmt, bi_error *err);
+int qcow2_co_make_empty(bi_node *n);
 
 #endif

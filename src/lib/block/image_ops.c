@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: MIT */
+/* Public wrappers for the image operations (blkimg/image_ops.h). */
+#include "blkimg/image_ops.h"
+#include "block/block.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+int bi_change_backing_file(bi_node *n, const char *backing_file,
+                           const char *backing_fmt, bool require, bi_error *err)
+{
+    if (!n->drv)
+        return -ENOMEDIUM;
+    /* a backing format makes no sense without a backing file */
+    if (backing_fmt && !backing_file)
+        return -EINVAL;
+    if (require && backing_file && !backing_fmt)
+        return -EINVAL;
+    if (!n->drv->change_backing_file)
+        return -ENOTSUP;
+    if (n->read_only)
+        return -EACCES;
+    int ret = n->drv->change_backing_file(n, backing_file, backing_fmt, err);
+    if (ret < 0)
+        return ret;
+    char *bf = backing_file ? strdup(backing_file) : NULL;
+    char *bfmt = backing_fmt ? strdup(backing_fmt) : NULL;
+    if ((backing_file && !bf) || (backing_fmt && !bfmt)) {
+        free(bf);
+        free(bfmt);
+        return -ENOMEM;
+    }
+    free(n->backing_filename);
+    free(n->backing_format);
+    n->backing_filename = bf;
+    n->backing_format = bfmt;
+    return 0;
+}
+
+static int make_empty_co(void *arg)
+{
+    bi_node *n = arg;
+    return n->drv->co_make_empty(n);
+}
+
+int bi_make_empty(bi_node *n, bi_error *err)
+{
+    if (!n->drv || !n->drv->co_make_empty) {
+        bi_error_set(err, 0, "Operation not supported");
+        return -ENOTSUP;
+    }
+    if (n->read_only) {
+        bi_error_set(err, EACCES, "Could not empty '%s'", n->filename);
+        return -EACCES;
+    }
+    int ret = bi_run_co(make_empty_co, n);
+    if (ret < 0)
+        bi_error_set(err, -ret, "Could not empty '%s'", n->filename);
+    return ret;
+}
+
+int bi_amend(bi_node *n, const char *const *options, bool force, bi_error *err)
+{
+    if (!n->drv || !n->drv->amend) {
+        bi_error_set(err, 0,
+                     "Format driver '%s' does not support option "
+                     "amendment",
+                     n->drv ? n->drv->name : "");
+        return -ENOTSUP;
+    }
+    return n->drv->amend(n, options, force, err);
+}
