@@ -536,7 +536,9 @@ static int write_image(const char *filename, const struct qc_create *c,
                 break;
             uint64_t host = c->data_file ? g * cs : data_off + g * cs;
             put64(buf + e * (c->ext_l2 ? 16 : 8), host | QCOW_OFLAG_COPIED);
-            if (c->ext_l2)
+            /* with a backing file the subclusters stay unallocated (the
+             * backing shows through), the host cluster is reserved */
+            if (c->ext_l2 && !c->backing_file)
                 put64(buf + e * 16 + 8, 0xffffffffULL);
         }
         ret = bi_pwrite(f, l2_off + i * cs, buf, cs, 0);
