@@ -34,6 +34,7 @@ static const struct img_cmd img_cmds[] = {
     {"map", img_map},
     {"measure", img_measure},
     {"probe", img_probe},
+    {"rebase", img_rebase},
     {"resize", img_resize},
     {"snapshot", img_snapshot},
     {NULL, NULL},
