@@ -26,6 +26,7 @@ struct img_cmd {
 static const struct img_cmd img_cmds[] = {
     {"bench", img_bench},
     {"check", img_check},
+    {"commit", img_commit},
     {"compare", img_compare},
     {"convert", img_convert},
     {"create", img_create},
