@@ -27,11 +27,18 @@ BI_EXPORT int bi_change_backing_file(bi_node *n, const char *backing_file,
  * freeing the clusters. -ENOTSUP for formats that cannot. */
 BI_EXPORT int bi_make_empty(bi_node *n, bi_error *err);
 
+/* Progress of an amendment: offset out of total units of work done.
+ * Called once with total == 0 when the options are accepted, before
+ * anything changes (qemu-img prints 0% there). */
+typedef void bi_amend_status_cb(void *opaque, int64_t offset, int64_t total);
+
 /* Amends format options ("key=value", NULL-terminated, in order) of n,
- * opened read-write. err receives qemu-img's message on failure;
- * -ENOTSUP for formats without amend support. */
+ * opened read-write, as qemu-img amend: unknown keys, bad values and
+ * impossible changes fail with qemu's message in err (may span two lines).
+ * cb (may be NULL) reports progress. -ENOTSUP with "Format driver 'x' does
+ * not support option amendment" for formats without amend support. */
 BI_EXPORT int bi_amend(bi_node *n, const char *const *options, bool force,
-                       bi_error *err);
+                       bi_amend_status_cb *cb, void *opaque, bi_error *err);
 
 #ifdef __cplusplus
 }

@@ -24,6 +24,7 @@ struct img_cmd {
 
 /* One line per implemented command. */
 static const struct img_cmd img_cmds[] = {
+    {"amend", img_amend},
     {"bench", img_bench},
     {"check", img_check},
     {"commit", img_commit},

@@ -18,6 +18,7 @@
 #define BI_BLOCK_H
 
 #include "blkimg/blkimg.h"
+#include "blkimg/image_ops.h"
 #include "util/coroutine.h"
 #include <stdbool.h>
 #include <stdint.h>
@@ -122,7 +123,7 @@ struct bi_driver {
                                const char *backing_fmt, bi_error *err);
     int (*co_make_empty)(bi_node *n);
     int (*amend)(bi_node *n, const char *const *options, bool force,
-                 bi_error *err);
+                 bi_amend_status_cb *cb, void *opaque, bi_error *err);
 };
 
 /* A write (or RMW) in flight, for overlap serialisation. */

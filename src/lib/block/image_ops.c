@@ -60,14 +60,18 @@ int bi_make_empty(bi_node *n, bi_error *err)
     return ret;
 }
 
-int bi_amend(bi_node *n, const char *const *options, bool force, bi_error *err)
+int bi_amend(bi_node *n, const char *const *options, bool force,
+             bi_amend_status_cb *cb, void *opaque, bi_error *err)
 {
     if (!n->drv || !n->drv->amend) {
         bi_error_set(err, 0,
-                     "Format driver '%s' does not support option "
-                     "amendment",
+                     "Format driver '%s' does not support option amendment",
                      n->drv ? n->drv->name : "");
         return -ENOTSUP;
     }
-    return n->drv->amend(n, options, force, err);
+    if (n->read_only) {
+        bi_error_set(err, EACCES, "Could not amend '%s'", n->filename);
+        return -EACCES;
+    }
+    return n->drv->amend(n, options, force, cb, opaque, err);
 }

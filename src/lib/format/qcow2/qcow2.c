@@ -1019,4 +1019,5 @@ const struct bi_driver bi_drv_qcow2 = {
     .check = qcow2_check_image,
     .change_backing_file = qcow2_change_backing_file,
     .co_make_empty = qcow2_co_make_empty,
+    .amend = qcow2_amend,
 };

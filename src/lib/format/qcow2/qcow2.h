@@ -386,5 +386,7 @@ int qcow2_check_image(bi_node *n, struct bi_check_result *res, int fix,
 int qcow2_change_backing_file(bi_node *n, const char *backing_file,
                               const char *backing_fmt, bi_error *err);
 int qcow2_co_make_empty(bi_node *n);
+int qcow2_amend(bi_node *n, const char *const *options, bool force,
+                bi_amend_status_cb *cb, void *opaque, bi_error *err);
 
 #endif

@@ -42,6 +42,8 @@ struct hdr_plan {
     const char *backing_fmt;  /* NULL: none */
     uint32_t version;
     uint64_t incompat, compat, autoclear;
+    bool set_data_file; /* replace the data file name with data_file */
+    const char *data_file;
 };
 
 /* Appends one extension (padded to 8 bytes); -ENOSPC if it does not fit. */
@@ -137,10 +139,13 @@ static int rebuild_header_co(bi_node *n, const struct hdr_plan *p)
     /* crypto and data file first */
     for (int i = 0; i < n_ext && ret == 0; i++) {
         if (ext[i].type == QCOW2_EXT_CRYPTO ||
-            ext[i].type == QCOW2_EXT_DATA_FILE)
+            (ext[i].type == QCOW2_EXT_DATA_FILE && !p->set_data_file))
             ret = put_ext(out, cs, &pos, ext[i].type, old + ext[i].off,
                           ext[i].len);
     }
+    if (ret == 0 && p->set_data_file && p->data_file)
+        ret = put_ext(out, cs, &pos, QCOW2_EXT_DATA_FILE, p->data_file,
+                      (uint32_t)strlen(p->data_file));
     if (ret == 0 && p->backing_fmt)
         ret = put_ext(out, cs, &pos, QCOW2_EXT_BACKING_FORMAT, p->backing_fmt,
                       (uint32_t)strlen(p->backing_fmt));
@@ -213,6 +218,8 @@ static void plan_from_state(const qcow2_state *s, struct hdr_plan *p)
     p->incompat = s->incompat;
     p->compat = s->compat;
     p->autoclear = s->autoclear;
+    p->set_data_file = false;
+    p->data_file = NULL;
 }
 
 /* ------------------------------------------------------ backing file */
@@ -312,4 +319,530 @@ int qcow2_co_make_empty(bi_node *n)
     if (ret == 0)
         ret = bi_co_flush(n->file);
     return ret;
+}
+
+/* ------------------------------------------------------------ amend */
+
+/* qemu 7.2's qcow2 creation options that amend does not take. */
+static const char *const create_only[] = {
+    "cluster_size",
+    "compression_type",
+    "encrypt.cipher-alg",
+    "encrypt.cipher-mode",
+    "encrypt.format",
+    "encrypt.hash-alg",
+    "encrypt.ivgen-alg",
+    "encrypt.ivgen-hash-alg",
+    "encrypt.key-secret",
+    "encryption",
+    "extended_l2",
+    "preallocation",
+    NULL,
+};
+
+struct amend_req {
+    bool has_size, has_compat, has_backing_file, has_backing_fmt;
+    bool has_data_file, has_data_file_raw, has_lazy, has_refcount_bits;
+    bool has_encrypt;
+    uint64_t size;
+    const char *compat, *backing_file, *backing_fmt, *data_file;
+    bool data_file_raw, lazy;
+    uint64_t refcount_bits;
+};
+
+static int parse_bool(const char *k, const char *v, bool *out, bi_error *err)
+{
+    if (!strcmp(v, "on") || !strcmp(v, "yes") || !strcmp(v, "true") ||
+        !strcmp(v, "y")) {
+        *out = true;
+    } else if (!strcmp(v, "off") || !strcmp(v, "no") || !strcmp(v, "false") ||
+               !strcmp(v, "n")) {
+        *out = false;
+    } else {
+        bi_error_set(err, 0, "Parameter '%s' expects 'on' or 'off'", k);
+        return -EINVAL;
+    }
+    return 0;
+}
+
+static int parse_number(const char *k, const char *v, uint64_t *out,
+                        bi_error *err)
+{
+    char *end;
+    errno = 0;
+    unsigned long long r = strtoull(v, &end, 0);
+    if (!*v || *end || errno || v[0] == '-') {
+        bi_error_set(err, 0, "Parameter '%s' expects a number", k);
+        return -EINVAL;
+    }
+    *out = r;
+    return 0;
+}
+
+/* qemu_opts_do_parse() against the amend options, in the user's order. */
+static int parse_amend(const char *const *options, struct amend_req *r,
+                       bi_error *err)
+{
+    memset(r, 0, sizeof(*r));
+    for (int i = 0; options && options[i]; i++) {
+        char k[128];
+        const char *eq = strchr(options[i], '=');
+        const char *v = eq ? eq + 1 : "on";
+        size_t kl = eq ? (size_t)(eq - options[i]) : strlen(options[i]);
+        if (kl >= sizeof(k))
+            kl = sizeof(k) - 1;
+        memcpy(k, options[i], kl);
+        k[kl] = 0;
+        if (!strcmp(k, "size")) {
+            if (bi_parse_size(v, &r->size) < 0) {
+                bi_error_set(err, 0,
+                             "Parameter 'size' expects a non-negative "
+                             "number below 2^64\nOptional suffix k, M, G, "
+                             "T, P or E means kilo-, mega-, giga-, tera-, "
+                             "peta-\nand exabytes, respectively.");
+                return -EINVAL;
+            }
+            r->has_size = true;
+        } else if (!strcmp(k, "compat")) {
+            r->compat = v;
+            r->has_compat = true;
+        } else if (!strcmp(k, "backing_file")) {
+            r->backing_file = v;
+            r->has_backing_file = true;
+        } else if (!strcmp(k, "backing_fmt")) {
+            r->backing_fmt = v;
+            r->has_backing_fmt = true;
+        } else if (!strcmp(k, "data_file")) {
+            r->data_file = v;
+            r->has_data_file = true;
+        } else if (!strcmp(k, "data_file_raw")) {
+            if (parse_bool(k, v, &r->data_file_raw, err) < 0)
+                return -EINVAL;
+            r->has_data_file_raw = true;
+        } else if (!strcmp(k, "lazy_refcounts")) {
+            if (parse_bool(k, v, &r->lazy, err) < 0)
+                return -EINVAL;
+            r->has_lazy = true;
+        } else if (!strcmp(k, "refcount_bits")) {
+            if (parse_number(k, v, &r->refcount_bits, err) < 0)
+                return -EINVAL;
+            r->has_refcount_bits = true;
+        } else if (!strcmp(k, "encrypt.keyslot") ||
+                   !strcmp(k, "encrypt.iter-time")) {
+            uint64_t dummy;
+            if (parse_number(k, v, &dummy, err) < 0)
+                return -EINVAL;
+            r->has_encrypt = true;
+        } else if (!strcmp(k, "encrypt.state") ||
+                   !strcmp(k, "encrypt.old-secret") ||
+                   !strcmp(k, "encrypt.new-secret")) {
+            r->has_encrypt = true;
+        } else {
+            bool creation = false;
+            for (int j = 0; create_only[j]; j++)
+                creation |= !strcmp(k, create_only[j]);
+            bi_error_set(err, 0, "Invalid parameter '%s'%s", k,
+                         creation ? "\nThis option is only supported for "
+                                    "image creation"
+                                  : "");
+            return -EINVAL;
+        }
+    }
+    return 0;
+}
+
+static bool str_eq(const char *a, const char *b)
+{
+    if (!a || !b)
+        return a == b;
+    return !strcmp(a, b);
+}
+
+static int mark_clean_locked(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
+    if (!(s->incompat & QCOW2_INCOMPAT_DIRTY))
+        return 0;
+    int ret = qc_flush_metadata(n);
+    if (ret == 0)
+        ret = bi_co_flush(n->file);
+    if (ret == 0)
+        ret = qc_update_incompat(n, s->incompat & ~QCOW2_INCOMPAT_DIRTY);
+    return ret;
+}
+
+struct amend_co {
+    bi_node *n;
+    struct hdr_plan plan;
+    int op; /* 0 header, 1 mark clean + header, 2 expand zero clusters */
+    bi_amend_status_cb *cb;
+    void *opaque;
+    bool snapshot_zero; /* op 2: a snapshot has zero clusters */
+};
+
+/* Does the L2 table at l2_off (read-only) hold zero clusters? */
+static int l2_has_zero(bi_node *n, uint64_t l2_off, bool *found)
+{
+    qcow2_state *s = n->opaque;
+    void *table;
+    *found = false;
+    int ret = qc_cache_get(n, &s->l2_cache, l2_off, false, &table);
+    if (ret < 0)
+        return ret;
+    for (uint64_t j = 0; j < s->l2_entries && !*found; j++) {
+        uint64_t e, b;
+        qc_get_l2(s, table, j, &e, &b);
+        *found = (e & QCOW_OFLAG_ZERO) && !(e & QCOW_OFLAG_COMPRESSED);
+    }
+    qc_cache_put(&s->l2_cache, table);
+    return 0;
+}
+
+/* QEMU's qcow2_expand_zero_clusters() for the active table: zero clusters
+ * become unallocated (no backing file) or data clusters of zeroes. */
+static int expand_zero_locked(struct amend_co *a)
+{
+    bi_node *n = a->n;
+    qcow2_state *s = n->opaque;
+    uint64_t cs = s->cluster_size;
+    uint64_t span = 1ULL << (s->l2_bits + s->cluster_bits);
+    bool backed = s->backing_file && s->backing_file[0];
+    int64_t total = s->l1_size;
+    int ret = 0;
+
+    /* snapshot tables: only checked (zero clusters there: refused) */
+    for (uint32_t i = 0; i < s->nb_snapshots; i++)
+        total += s->snapshots[i].l1_size;
+    for (uint32_t i = 0; i < s->nb_snapshots && ret == 0; i++) {
+        struct qcow2_snapshot *sn = &s->snapshots[i];
+        if (!sn->l1_size)
+            continue;
+        uint64_t *l1 = malloc((size_t)sn->l1_size * 8);
+        if (!l1)
+            return -ENOMEM;
+        ret = bi_co_pread(n->file, sn->l1_table_offset, l1,
+                          (uint64_t)sn->l1_size * 8);
+        for (uint32_t j = 0; ret == 0 && j < sn->l1_size; j++) {
+            uint64_t l2 = be64toh(l1[j]) & L1E_OFFSET_MASK;
+            bool found;
+            if (!l2)
+                continue;
+            ret = l2_has_zero(n, l2, &found);
+            if (ret == 0 && found) {
+                a->snapshot_zero = true;
+                ret = -ENOTSUP;
+            }
+        }
+        free(l1);
+    }
+    if (ret < 0)
+        return ret;
+
+    for (uint32_t i = 0; i < s->l1_size && ret == 0; i++) {
+        uint64_t l2_off = s->l1_table[i] & L1E_OFFSET_MASK;
+        bool found = false;
+        if (l2_off)
+            ret = l2_has_zero(n, l2_off, &found);
+        if (ret < 0)
+            break;
+        if (found) {
+            void *table;
+            uint64_t idx;
+            uint64_t base = (uint64_t)i * span;
+            ret = qc_get_l2_table(n, base, true, &table, &idx);
+            if (ret < 0)
+                break;
+            for (uint64_t j = 0; j < s->l2_entries && ret == 0; j++) {
+                uint64_t e, b, host;
+                qc_get_l2(s, table, j, &e, &b);
+                if (!(e & QCOW_OFLAG_ZERO) || (e & QCOW_OFLAG_COMPRESSED))
+                    continue;
+                host = e & L2E_OFFSET_MASK;
+                uint64_t ne;
+                if (host && (e & QCOW_OFLAG_COPIED)) {
+                    /* preallocated, ours alone: zero it in place */
+                    ret = qc_check_overlap(n, 0, host, cs);
+                    if (ret == 0)
+                        ret = bi_co_pwrite_zeroes(n->file, host, cs, 0);
+                    ne = e & ~QCOW_OFLAG_ZERO;
+                } else {
+                    if (host)
+                        qc_free_l2_entry_clusters(n, e);
+                    if (!backed) {
+                        ne = 0;
+                    } else {
+                        int64_t off = qc_alloc_clusters(n, 1);
+                        if (off < 0) {
+                            ret = (int)off;
+                            break;
+                        }
+                        ret = qc_check_overlap(n, 0, (uint64_t)off, cs);
+                        if (ret == 0)
+                            ret = bi_co_pwrite_zeroes(n->file, (uint64_t)off,
+                                                      cs, 0);
+                        ne = (uint64_t)off | QCOW_OFLAG_COPIED;
+                    }
+                }
+                if (ret < 0)
+                    break;
+                qc_set_l2(s, table, j, ne, 0);
+                qc_cache_mark_dirty(&s->l2_cache, table);
+            }
+            qc_cache_put(&s->l2_cache, table);
+            if (ret < 0)
+                break;
+        }
+        if (a->cb)
+            a->cb(a->opaque, (int64_t)i + 1, total);
+    }
+    if (ret == 0)
+        ret = qc_flush_metadata(n);
+    if (ret == 0)
+        ret = bi_co_flush(n->file);
+    return ret;
+}
+
+static int amend_co_fn(void *arg)
+{
+    struct amend_co *a = arg;
+    qcow2_state *s = a->n->opaque;
+    int ret;
+    bi_co_mutex_lock(&s->lock);
+    ret = qc_flush_metadata(a->n);
+    if (ret == 0 && a->op == 1)
+        ret = mark_clean_locked(a->n);
+    if (ret == 0 && a->op == 2) {
+        ret = qc_before_write(a->n);
+        if (ret == 0)
+            ret = expand_zero_locked(a);
+    }
+    if (ret == 0 && a->op != 2) {
+        a->plan.incompat = s->incompat & a->plan.incompat;
+        if (a->op == 1)
+            a->plan.incompat &= ~QCOW2_INCOMPAT_DIRTY;
+        ret = rebuild_header_co(a->n, &a->plan);
+    }
+    bi_co_mutex_unlock(&s->lock);
+    return ret;
+}
+
+static int write_header(bi_node *n, const struct hdr_plan *p, bool clean,
+                        bi_error *err)
+{
+    struct amend_co a = {.n = n, .plan = *p, .op = clean ? 1 : 0};
+    int ret = bi_run_co(amend_co_fn, &a);
+    if (ret < 0)
+        bi_error_set(err, -ret, "Failed to update the image header");
+    return ret;
+}
+
+static void status(bi_amend_status_cb *cb, void *opaque, int64_t off,
+                   int64_t total)
+{
+    if (cb)
+        cb(opaque, off, total);
+}
+
+int qcow2_amend(bi_node *n, const char *const *options, bool force,
+                bi_amend_status_cb *cb, void *opaque, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    struct amend_req r;
+    struct hdr_plan p;
+    uint32_t old_version = s->version, new_version = s->version;
+    int ret;
+    BI_UNUSED(force);
+
+    ret = parse_amend(options, &r, err);
+    if (ret < 0)
+        return ret;
+    status(cb, opaque, 0, 0); /* options accepted */
+    /* checks in the order of qemu's option table */
+    if (r.has_compat) {
+        if (!strcmp(r.compat, "0.10") || !strcmp(r.compat, "v2")) {
+            new_version = 2;
+        } else if (!strcmp(r.compat, "1.1") || !strcmp(r.compat, "v3")) {
+            new_version = 3;
+        } else {
+            bi_error_set(err, 0, "Unknown compatibility level %s", r.compat);
+            return -EINVAL;
+        }
+    }
+    if (r.has_encrypt) {
+        bi_error_set(err, 0,
+                     "Can't amend encryption options - encryption "
+                     "not present");
+        return -EINVAL;
+    }
+    if (r.has_refcount_bits && (r.refcount_bits == 0 || r.refcount_bits > 64 ||
+                                (r.refcount_bits & (r.refcount_bits - 1)))) {
+        bi_error_set(err, 0,
+                     "Refcount width must be a power of two and may "
+                     "not exceed 64 bits");
+        return -EINVAL;
+    }
+    if (r.has_data_file && !qc_has_data_file(s)) {
+        bi_error_set(err, 0,
+                     "data-file can only be set for images that use "
+                     "an external data file");
+        return -EINVAL;
+    }
+    if (r.has_data_file_raw && r.data_file_raw && !s->data_file_raw) {
+        bi_error_set(err, 0, "data-file-raw cannot be set on existing images");
+        return -EINVAL;
+    }
+
+    if (new_version > old_version) {
+        /* v3 needs every snapshot's 64-bit VM state size and disk size */
+        for (uint32_t i = 0; i < s->nb_snapshots; i++) {
+            if (s->snapshots[i].extra_data_size < 16) {
+                bi_error_set(err, 0,
+                             "Upgrading an image whose snapshots lack the "
+                             "v3 extra data is not supported");
+                return -ENOTSUP;
+            }
+        }
+        status(cb, opaque, 0, 2);
+        status(cb, opaque, 1, 2);
+        plan_from_state(s, &p);
+        p.version = 3;
+        p.incompat = 0;
+        p.compat = 0;
+        p.autoclear = 0;
+        ret = write_header(n, &p, false, err);
+        if (ret < 0)
+            return ret;
+        status(cb, opaque, 2, 2);
+    }
+
+    if (r.has_backing_file || r.has_backing_fmt) {
+        if (!str_eq(r.has_backing_file ? r.backing_file : NULL,
+                    s->backing_file) ||
+            !str_eq(r.has_backing_fmt ? r.backing_fmt : NULL,
+                    s->backing_format)) {
+            bi_error_set(err, 0,
+                         "Cannot amend the backing file\nYou can use "
+                         "'qemu-img rebase' instead.");
+            return -EINVAL;
+        }
+    }
+
+    bool lazy = (s->compat & QCOW2_COMPAT_LAZY_REFCOUNTS) != 0;
+    if (r.has_lazy && r.lazy != lazy) {
+        if (r.lazy) {
+            if (new_version < 3) {
+                bi_error_set(err, 0,
+                             "Lazy refcounts only supported with "
+                             "compatibility level 1.1 and above (use "
+                             "compat=1.1 or greater)");
+                return -EINVAL;
+            }
+            plan_from_state(s, &p);
+            p.compat |= QCOW2_COMPAT_LAZY_REFCOUNTS;
+            ret = write_header(n, &p, false, err);
+        } else {
+            plan_from_state(s, &p);
+            p.compat &= ~QCOW2_COMPAT_LAZY_REFCOUNTS;
+            ret = write_header(n, &p, true, err);
+            if (ret == 0)
+                s->marked_dirty = false;
+        }
+        if (ret < 0)
+            return ret;
+    }
+
+    if (r.has_refcount_bits && r.refcount_bits != s->refcount_bits) {
+        if (new_version < 3 && r.refcount_bits != 16) {
+            bi_error_set(err, 0,
+                         "Refcount widths other than 16 bits require "
+                         "compatibility level 1.1 or above (use compat=1.1 "
+                         "or greater)");
+            return -EINVAL;
+        }
+        bi_error_set(err, 0, "Changing the refcount width is not supported");
+        return -ENOTSUP;
+    }
+
+    if (r.has_data_file || r.has_data_file_raw) {
+        plan_from_state(s, &p);
+        if (r.has_data_file_raw && !r.data_file_raw)
+            p.autoclear &= ~QCOW2_AUTOCLEAR_DATA_FILE_RAW;
+        if (r.has_data_file) {
+            p.set_data_file = true;
+            p.data_file = r.data_file[0] ? r.data_file : NULL;
+        }
+        ret = write_header(n, &p, false, err);
+        if (ret < 0)
+            return ret;
+        if (r.has_data_file_raw && !r.data_file_raw)
+            s->data_file_raw = false;
+        if (r.has_data_file) {
+            free(s->data_file_name);
+            s->data_file_name = p.data_file ? strdup(p.data_file) : NULL;
+        }
+    }
+
+    if (r.has_size && r.size) {
+        ret = bi_truncate(n, r.size, true, BI_PREALLOC_OFF, err);
+        if (ret < 0)
+            return ret;
+    }
+
+    if (new_version < old_version) {
+        if (s->refcount_order != 4) {
+            bi_error_set(err, 0, "compat=0.10 requires refcount_bits=16");
+            return -ENOTSUP;
+        }
+        if (qc_has_data_file(s)) {
+            bi_error_set(err, 0, "Cannot downgrade an image with a data file");
+            return -ENOTSUP;
+        }
+        for (uint32_t i = 0; i < s->nb_snapshots; i++) {
+            if (s->snapshots[i].vm_state_size > UINT32_MAX ||
+                s->snapshots[i].disk_size != n->size) {
+                bi_error_set(err, 0,
+                             "Internal snapshots prevent downgrade of image");
+                return -ENOTSUP;
+            }
+        }
+        if (s->incompat & QCOW2_INCOMPAT_DIRTY) {
+            struct amend_co a = {.n = n, .op = 1};
+            plan_from_state(s, &a.plan);
+            ret = bi_run_co(amend_co_fn, &a);
+            if (ret < 0) {
+                bi_error_set(err, -ret, "Failed to make the image clean");
+                return ret;
+            }
+            s->marked_dirty = false;
+        }
+        if (s->incompat) {
+            bi_error_set(err, 0,
+                         "Cannot downgrade an image with incompatible "
+                         "features %#" PRIx64 " set",
+                         s->incompat);
+            return -ENOTSUP;
+        }
+        struct amend_co a = {.n = n, .op = 2, .cb = cb, .opaque = opaque};
+        ret = bi_run_co(amend_co_fn, &a);
+        if (ret < 0) {
+            if (a.snapshot_zero)
+                bi_error_set(err, 0,
+                             "Failed to turn zero into data clusters: zero "
+                             "clusters in internal snapshots are not "
+                             "supported");
+            else
+                bi_error_set(err, -ret,
+                             "Failed to turn zero into data clusters");
+            return ret;
+        }
+        plan_from_state(s, &p);
+        p.version = 2;
+        p.incompat = 0;
+        p.compat = 0;
+        p.autoclear = 0;
+        ret = write_header(n, &p, false, err);
+        if (ret < 0)
+            return ret;
+    }
+    return 0;
 }
