@@ -65,6 +65,7 @@ static int parse_opts(const struct bi_create_opts *o, struct qc_create *c,
     struct bi_optlist l = {0, NULL};
     int ret = 0;
     bool have_refcount_bits = false;
+    bool dup_done = false;
     uint64_t refcount_bits = 16;
     memset(c, 0, sizeof(*c));
     c->version = 3;
@@ -175,6 +176,7 @@ static int parse_opts(const struct bi_create_opts *o, struct qc_create *c,
         c->backing_fmt = bi_xstrdup(c->backing_fmt);
     if (c->data_file)
         c->data_file = bi_xstrdup(c->data_file);
+    dup_done = true;
 
     c->cluster_bits = __builtin_ctzll(c->cluster_size);
     c->refcount_order = __builtin_ctzll(refcount_bits);
@@ -255,7 +257,15 @@ static int parse_opts(const struct bi_create_opts *o, struct qc_create *c,
     }
 out:
     if (ret < 0) {
-        /* nothing points into the freed option list */
+        /* copies made above are freed; nothing points into the freed
+         * option list */
+        if (dup_done) {
+            if (c->backing_file && c->backing_file != o->backing_file)
+                free((char *)c->backing_file);
+            if (c->backing_fmt && c->backing_fmt != o->backing_fmt)
+                free((char *)c->backing_fmt);
+            free((char *)c->data_file);
+        }
         c->backing_file = o->backing_file;
         c->backing_fmt = o->backing_fmt;
         c->data_file = NULL;
