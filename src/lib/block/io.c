@@ -59,6 +59,28 @@ static void track_end(struct bi_tracked_req *req)
     bi_co_queue_wake_all(&req->waiters);
 }
 
+/* Format nodes serialise every request that changes the mapping at the
+ * driver's granularity (the cluster size for qcow2), so overlapping
+ * allocating writes, zero writes and discards of one cluster never race.
+ * Returns whether req was tracked. */
+static bool fmt_track_begin(bi_node *n, struct bi_tracked_req *req,
+                            uint64_t off, uint64_t len)
+{
+    uint64_t gran =
+        n->drv->write_granularity ? n->drv->write_granularity(n) : 0;
+    if (!gran)
+        return false;
+    track_begin(n, req, bi_align_down(off, gran), bi_align_up(off + len, gran),
+                true);
+    return true;
+}
+
+static void fmt_track_end(bool tracked, struct bi_tracked_req *req)
+{
+    if (tracked)
+        track_end(req);
+}
+
 /* --------------------------------------------------------- iov slicing */
 
 struct iov_slice {
@@ -307,12 +329,8 @@ static int fmt_write(bi_node *n, uint64_t off, uint64_t len,
     int ret = check_probed_first_sector(n, off, len, iov, iovcnt);
     if (ret < 0)
         return ret;
-    uint64_t gran =
-        n->drv->write_granularity ? n->drv->write_granularity(n) : 0;
     struct bi_tracked_req req;
-    if (gran)
-        track_begin(n, &req, bi_align_down(off, gran),
-                    bi_align_up(off + len, gran), true);
+    bool tracked = fmt_track_begin(n, &req, off, len);
     uint64_t done = 0;
     while (done < len) {
         struct bi_extent ext;
@@ -346,8 +364,7 @@ static int fmt_write(bi_node *n, uint64_t off, uint64_t len,
             break;
         done += l;
     }
-    if (gran)
-        track_end(&req);
+    fmt_track_end(tracked, &req);
     return ret;
 }
 
@@ -436,7 +453,10 @@ int bi_co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags)
         if (ret < 0)
             return ret;
         if (n->drv->co_pwrite_zeroes) {
+            struct bi_tracked_req req;
+            bool tracked = fmt_track_begin(n, &req, off, len);
             ret = n->drv->co_pwrite_zeroes(n, off, len, flags);
+            fmt_track_end(tracked, &req);
             if (ret != -ENOTSUP)
                 return ret;
         }
@@ -482,7 +502,11 @@ int bi_co_pdiscard(bi_node *n, uint64_t off, uint64_t len)
         int ret = check_request(n, off, len);
         if (ret < 0)
             return ret;
-        return n->drv->co_pdiscard(n, off, len);
+        struct bi_tracked_req req;
+        bool tracked = fmt_track_begin(n, &req, off, len);
+        ret = n->drv->co_pdiscard(n, off, len);
+        fmt_track_end(tracked, &req);
+        return ret;
     }
     /* Discard is advisory, but everything is passed down (a file punches
      * exactly the bytes asked, as under QEMU), fragmented at the request
@@ -530,15 +554,10 @@ int bi_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
     int ret = check_request(n, off, len);
     if (ret < 0)
         return ret;
-    uint64_t gran =
-        n->drv->write_granularity ? n->drv->write_granularity(n) : 0;
     struct bi_tracked_req req;
-    if (gran)
-        track_begin(n, &req, bi_align_down(off, gran),
-                    bi_align_up(off + len, gran), true);
+    bool tracked = fmt_track_begin(n, &req, off, len);
     ret = n->drv->co_pwrite_compressed(n, off, buf, len);
-    if (gran)
-        track_end(&req);
+    fmt_track_end(tracked, &req);
     return ret;
 }
 

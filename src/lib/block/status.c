@@ -70,9 +70,11 @@ int bi_co_block_status(bi_node *n, uint64_t off, uint64_t len,
         return 0;
 
     /* A data run on a file: holes of the file read as zeroes. */
-    if ((st->flags & BI_BS_DATA) && (st->flags & BI_BS_OFFSET_VALID) &&
-        st->file && st->file != n && st->file->drv->is_protocol &&
-        n->drv != &bi_drv_raw) {
+    bool recurse = (st->flags & BI_BS_RECURSE) != 0 || !n->drv->co_block_status;
+    st->flags &= ~BI_BS_RECURSE;
+    if (recurse && (st->flags & BI_BS_DATA) &&
+        (st->flags & BI_BS_OFFSET_VALID) && st->file && st->file != n &&
+        st->file->drv->is_protocol && n->drv != &bi_drv_raw) {
         struct bi_status fs;
         if (bi_co_block_status(st->file, st->offset, st->len, &fs) == 0) {
             if ((fs.flags & BI_BS_EOF) &&
