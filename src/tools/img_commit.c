@@ -149,7 +149,8 @@ static int do_commit(struct layer *l, int nb, uint64_t rate,
         if (i < 0)
             continue;
         if (zero) {
-            ret = bi_pwrite_zeroes(base, off, n, 0);
+            /* the commit job unmaps, as QEMU's (mirror with unmap=true) */
+            ret = bi_pwrite_zeroes(base, off, n, BI_REQ_MAY_UNMAP);
         } else {
             ret = bi_pread(l[i].node, off, buf, n);
             if (ret < 0) {

@@ -52,16 +52,26 @@ def guest_bytes(qemu_img, img, tmp_path, fmt=None):
     return data
 
 
-def layout(qemu_img, img):
+def layout(qemu_img, img, file_holes=False):
     """qemu-img map --output=json without host offsets (allocation order
-    may differ) and without file names."""
+    may differ) and without file names, adjacent equal runs merged."""
     cp = subprocess.run([qemu_img, "map", "-U", "--output=json", str(img)],
                         capture_output=True, text=True, check=True)
     out = []
     for e in json.loads(cp.stdout):
         e.pop("offset", None)
         e.pop("filename", None)
-        out.append(e)
+        if file_holes and e["data"]:
+            # a hole in the host file inside an allocated cluster reads as
+            # zeroes: which clusters have one depends on host allocation
+            e["zero"] = False
+        # runs split only where host offsets jump are merged
+        if out and all(out[-1][k] == e[k] for k in e
+                       if k not in ("start", "length")) and \
+                out[-1]["start"] + out[-1]["length"] == e["start"]:
+            out[-1]["length"] += e["length"]
+        else:
+            out.append(e)
     return out
 
 
