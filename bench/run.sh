@@ -56,6 +56,6 @@ done
 echo
 echo "=== Summary (ratios: blkimg / reference) ==="
 while IFS=$'\t' read -r name text; do
-    printf '  %-30s %s\n' "$name" "$text"
+    printf '  %-36s %s\n' "$name" "$text"
 done <"$BENCH_SUMMARY"
 echo "  total time: $(($(date +%s) - start)) s"
