@@ -83,6 +83,10 @@ struct bi_open_opts {
     bool no_backing;     /* do not open backing files */
     bool no_lock;        /* take no image locks at all (locking=off) */
     bool quiet_probe;    /* do not print the raw-probe warning */
+    /* Metadata only (like QEMU's no-I/O opens for info): an image whose
+     * data cannot be read here (encrypted) still opens; its data I/O
+     * fails. */
+    bool metadata_only;
     /* Backing files open with this cache mode ('-T' for convert etc). */
     enum bi_cache backing_cache;
     /* Driver options as key=value (QEMU dotted keys without the driver

@@ -443,6 +443,7 @@ bi_node *tool_open(struct tool_image *ti)
     o.force_share = ti->force_share;
     o.no_backing = ti->no_backing;
     o.quiet_probe = ti->quiet_probe;
+    o.metadata_only = ti->metadata_only;
 
     if (ti->image_opts) {
         char msg[1024];

@@ -60,6 +60,7 @@ struct tool_image {
     bool force_share; /* -U */
     bool no_backing;
     bool quiet_probe;
+    bool metadata_only; /* info: encrypted images open without a key */
     bool aio_set; /* aio chosen (-i or image options) */
     enum bi_aio aio;
 };

@@ -282,6 +282,7 @@ int img_info(int argc, char **argv)
         ti.force_share = force_share;
         ti.no_backing = true;
         ti.quiet_probe = true;
+        ti.metadata_only = true;
         bi_node *n = tool_open(&ti);
         if (!n) {
             goto out;

@@ -467,7 +467,9 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
                    s->crypt_method);
         goto out;
     }
-    if (s->crypt_method) {
+    /* Encrypted images: no key handling here. A metadata-only open (info)
+     * shows them; anything touching data is refused. */
+    if (s->crypt_method && (!o->metadata_only || o->read_write)) {
         ret =
             qerr(err, -ENOTSUP, "Encrypted qcow2 images (%s) are not supported",
                  s->crypt_method == 1 ? "aes" : "luks");
@@ -963,6 +965,16 @@ static int qcow2_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
     if (s->nb_bitmaps && s->bitmaps)
         bitmaps_kv(s, info);
     kv_num(info, "refcount-bits", "refcount bits", BI_KV_INT, s->refcount_bits);
+    if (s->crypt_method &&
+        info->n_specific < (int)BI_ARRAY_SIZE(info->specific)) {
+        struct bi_kv *kv = &info->specific[info->n_specific++];
+        memset(kv, 0, sizeof(*kv));
+        snprintf(kv->json_key, sizeof(kv->json_key), "encrypt");
+        snprintf(kv->human_key, sizeof(kv->human_key), "encrypt");
+        kv->type = BI_KV_JSON;
+        snprintf(kv->str, sizeof(kv->str), "{\"format\": \"%s\"}",
+                 s->crypt_method == 1 ? "aes" : "luks");
+    }
     if (s->version >= 3) {
         if (s->data_file_name || qc_has_data_file(s)) {
             if (s->data_file_name)

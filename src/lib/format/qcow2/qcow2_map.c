@@ -821,6 +821,8 @@ int qcow2_co_map(bi_node *n, uint64_t off, uint64_t len, unsigned flags,
     memset(ext, 0, sizeof(*ext));
     if (len == 0)
         return -EINVAL;
+    if (s->crypt_method)
+        return -ENOTSUP; /* opened for metadata only */
     if (!(flags & BI_MAP_WRITE))
         return map_read(n, off, len, ext);
     if (s->read_only)
