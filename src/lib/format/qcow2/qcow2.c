@@ -468,8 +468,10 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
         goto out;
     }
     /* Encrypted images: no key handling here. A metadata-only open (info)
-     * shows them; anything touching data is refused. */
-    if (s->crypt_method && (!o->metadata_only || o->read_write)) {
+     * shows AES ones as qemu-img info does (LUKS info would need the LUKS
+     * header parsed); anything touching data is refused. */
+    if (s->crypt_method &&
+        (!o->metadata_only || o->read_write || s->crypt_method != 1)) {
         ret =
             qerr(err, -ENOTSUP, "Encrypted qcow2 images (%s) are not supported",
                  s->crypt_method == 1 ? "aes" : "luks");
