@@ -269,6 +269,8 @@ BI_EXPORT int bi_create(const char *filename, const struct bi_create_opts *o,
 /* The option list qemu-img prints for "-o help" / in the Formatting line,
  * per format: returns 0 or -ENOENT for an unknown format. */
 BI_EXPORT int bi_format_exists(const char *format);
+/* Whether key is a creation option (-o) of format ("raw", "qcow2"). */
+BI_EXPORT bool bi_create_option_known(const char *format, const char *key);
 
 /* ------------------------------------------------------------------- info */
 

@@ -212,43 +212,9 @@ static void on_signal(int sig)
     cv_cancel = 1;
 }
 
-static const char *const raw_create_keys[] = {"size", "preallocation", "nocow",
-                                              "extent_size_hint", NULL};
-static const char *const qcow2_create_keys[] = {"size",
-                                                "compat",
-                                                "backing_file",
-                                                "backing_fmt",
-                                                "data_file",
-                                                "data_file_raw",
-                                                "encryption",
-                                                "encrypt.format",
-                                                "encrypt.key-secret",
-                                                "encrypt.cipher-alg",
-                                                "encrypt.cipher-mode",
-                                                "encrypt.ivgen-alg",
-                                                "encrypt.ivgen-hash-alg",
-                                                "encrypt.hash-alg",
-                                                "encrypt.iter-time",
-                                                "cluster_size",
-                                                "extended_l2",
-                                                "preallocation",
-                                                "lazy_refcounts",
-                                                "refcount_bits",
-                                                "compression_type",
-                                                "nocow",
-                                                "extent_size_hint",
-                                                NULL};
-
 static bool key_known(const char *fmt, const char *key)
 {
-    const char *const *k =
-        !strcmp(fmt, "qcow2") ? qcow2_create_keys : raw_create_keys;
-    for (; *k; k++) {
-        if (!strcmp(*k, key)) {
-            return true;
-        }
-    }
-    return false;
+    return bi_create_option_known(fmt, key);
 }
 
 /* bi_create's message starts with "<file>: " as qemu-img create prints it;

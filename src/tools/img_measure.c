@@ -20,42 +20,9 @@ bi_node *cv_open(const char *filename, const char *fmt, bool image_opts,
                  enum bi_cache cache, bool rw, bool force_share,
                  bool quiet_probe);
 
-static const char *const raw_keys[] = {"size", "preallocation", "nocow",
-                                       "extent_size_hint", NULL};
-static const char *const qcow2_keys[] = {"size",
-                                         "compat",
-                                         "backing_file",
-                                         "backing_fmt",
-                                         "data_file",
-                                         "data_file_raw",
-                                         "encryption",
-                                         "encrypt.format",
-                                         "encrypt.key-secret",
-                                         "encrypt.cipher-alg",
-                                         "encrypt.cipher-mode",
-                                         "encrypt.ivgen-alg",
-                                         "encrypt.ivgen-hash-alg",
-                                         "encrypt.hash-alg",
-                                         "encrypt.iter-time",
-                                         "cluster_size",
-                                         "extended_l2",
-                                         "preallocation",
-                                         "lazy_refcounts",
-                                         "refcount_bits",
-                                         "compression_type",
-                                         "nocow",
-                                         "extent_size_hint",
-                                         NULL};
-
 static bool known(const char *fmt, const char *key)
 {
-    const char *const *k = !strcmp(fmt, "qcow2") ? qcow2_keys : raw_keys;
-    for (; *k; k++) {
-        if (!strcmp(*k, key)) {
-            return true;
-        }
-    }
-    return false;
+    return bi_create_option_known(fmt, key);
 }
 
 int img_measure(int argc, char **argv)

@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from test_convert_helpers import (MiB, blocks, make_raw, norm_err, read,
-                                  run2, same_output)
+from test_convert_helpers import (MiB, blocks, data_map, make_raw,
+                                  norm_err, read, run2, same_output)
 
 pytestmark = pytest.mark.qemu
 
@@ -510,7 +510,7 @@ def test_zero_detection_matches_qemu(qemu_img, blkimg, tmp_path, seed,
         assert run2(tool, ["convert", "-S", sparse, "-O", "raw", src,
                            tmp_path / out])[0] == 0
     assert read(tmp_path / "b") == read(src)
-    assert blocks(tmp_path / "b") == blocks(tmp_path / "q")
+    assert data_map(tmp_path / "b") == data_map(tmp_path / "q")
     # and the same through qcow2 targets: same clusters allocated
     for tool, out in ((qemu_img, "q.qcow2"), (blkimg, "b.qcow2")):
         assert run2(tool, ["convert", "-S", sparse, "-O", "qcow2", src,

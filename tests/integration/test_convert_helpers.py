@@ -78,6 +78,27 @@ def blocks(path):
     return os.stat(path).st_blocks
 
 
+def data_map(path):
+    """The file's data extents (SEEK_DATA/SEEK_HOLE): which bytes are
+    allocated, without the file system's own metadata blocks that
+    st_blocks also counts (an ext4 extent-tree block comes and goes with
+    the physical layout)."""
+    out = []
+    with open(path, "rb") as f:
+        fd = f.fileno()
+        end = os.fstat(fd).st_size
+        pos = 0
+        while pos < end:
+            try:
+                start = os.lseek(fd, pos, os.SEEK_DATA)
+            except OSError:
+                break
+            stop = os.lseek(fd, start, os.SEEK_HOLE)
+            out.append((start, stop))
+            pos = stop
+    return out
+
+
 def read(path):
     with open(path, "rb") as f:
         return f.read()

@@ -33,43 +33,6 @@ static int parse_bool(const char *v, bool *out)
     return 0;
 }
 
-static const char *const raw_keys[] = {"size", "preallocation", "nocow",
-                                       "extent_size_hint", NULL};
-static const char *const qcow2_keys[] = {"size",
-                                         "compat",
-                                         "backing_file",
-                                         "backing_fmt",
-                                         "data_file",
-                                         "data_file_raw",
-                                         "encryption",
-                                         "encrypt.format",
-                                         "encrypt.key-secret",
-                                         "encrypt.cipher-alg",
-                                         "encrypt.cipher-mode",
-                                         "encrypt.ivgen-alg",
-                                         "encrypt.ivgen-hash-alg",
-                                         "encrypt.hash-alg",
-                                         "encrypt.iter-time",
-                                         "cluster_size",
-                                         "extended_l2",
-                                         "preallocation",
-                                         "lazy_refcounts",
-                                         "refcount_bits",
-                                         "compression_type",
-                                         "nocow",
-                                         "extent_size_hint",
-                                         NULL};
-
-static bool known_key(const char *const *keys, const char *k)
-{
-    for (; *keys; keys++) {
-        if (!strcmp(*keys, k)) {
-            return true;
-        }
-    }
-    return false;
-}
-
 /* Last value of key among "key=value" strings; *found tells presence. */
 static const char *opt_get(const char *const *opts, const char *key,
                            bool *found)
@@ -293,13 +256,9 @@ static int measure_qcow2(const char *const *opts, bi_node *src,
 int bi_measure(const char *format, const char *const *options, bi_node *src,
                struct bi_measure *out, bi_error *err)
 {
-    const char *const *keys;
-
     memset(out, 0, sizeof(*out));
-    if (!strcmp(format, "raw")) {
-        keys = raw_keys;
-    } else if (!strcmp(format, "qcow2")) {
-        keys = qcow2_keys;
+    if (!strcmp(format, "raw") || !strcmp(format, "qcow2")) {
+        /* measured below */
     } else if (bi_format_exists(format) == 0) {
         bi_error_set(err, 0,
                      "Block driver '%s' does not support size measurement",
@@ -313,7 +272,7 @@ int bi_measure(const char *format, const char *const *options, bi_node *src,
         char key[128];
         size_t kl = strcspn(*o, "=");
         snprintf(key, sizeof(key), "%.*s", (int)kl, *o);
-        if (!known_key(keys, key)) {
+        if (!bi_create_option_known(format, key)) {
             bi_error_set(err, 0, "Invalid parameter '%s'", key);
             return -EINVAL;
         }

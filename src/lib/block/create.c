@@ -76,6 +76,45 @@ static void print_formatting_line(const char *filename,
     fflush(stdout);
 }
 
+/* The creation options each format takes, as qemu-img 7.2 lists them. */
+static const char *const raw_create_keys[] = {"size", "preallocation", "nocow",
+                                              "extent_size_hint", NULL};
+static const char *const qcow2_create_keys[] = {"size",
+                                                "compat",
+                                                "backing_file",
+                                                "backing_fmt",
+                                                "data_file",
+                                                "data_file_raw",
+                                                "encryption",
+                                                "encrypt.format",
+                                                "encrypt.key-secret",
+                                                "encrypt.cipher-alg",
+                                                "encrypt.cipher-mode",
+                                                "encrypt.ivgen-alg",
+                                                "encrypt.ivgen-hash-alg",
+                                                "encrypt.hash-alg",
+                                                "encrypt.iter-time",
+                                                "cluster_size",
+                                                "extended_l2",
+                                                "preallocation",
+                                                "lazy_refcounts",
+                                                "refcount_bits",
+                                                "compression_type",
+                                                "nocow",
+                                                "extent_size_hint",
+                                                NULL};
+
+bool bi_create_option_known(const char *format, const char *key)
+{
+    const char *const *k = !strcmp(format, "qcow2") ? qcow2_create_keys
+                           : !strcmp(format, "raw") ? raw_create_keys
+                                                    : NULL;
+    for (; k && *k; k++)
+        if (!strcmp(*k, key))
+            return true;
+    return false;
+}
+
 /* "key=value" with commas in the value escaped as ",,". */
 static char *escape_opt(const char *k, const char *v)
 {
