@@ -79,10 +79,10 @@ struct bi_open_opts {
     const char *format;  /* NULL: probe */
     enum bi_cache cache; /* data cache mode */
     bool read_write;
-    bool force_share;    /* -U: take no locks that conflict, share all */
-    bool no_backing;     /* do not open backing files */
-    bool no_lock;        /* take no image locks at all (locking=off) */
-    bool quiet_probe;    /* do not print the raw-probe warning */
+    bool force_share; /* -U: take no locks that conflict, share all */
+    bool no_backing;  /* do not open backing files */
+    bool no_lock;     /* take no image locks at all (locking=off) */
+    bool quiet_probe; /* do not print the raw-probe warning */
     /* Metadata only (like QEMU's no-I/O opens for info): an image whose
      * data cannot be read here (encrypted) still opens; its data I/O
      * fails. */
@@ -148,11 +148,11 @@ BI_EXPORT int bi_storage_info(bi_node *n, struct bi_storage_info *out);
 
 /* Per-node counters (for --stats). */
 struct bi_stats {
-    uint64_t io_calls;      /* I/Os submitted to the kernel */
-    uint64_t bytes_read;    /* bytes read from the kernel */
-    uint64_t bytes_written; /* bytes written to the kernel */
-    uint64_t bounced_bytes; /* bytes copied through bounce buffers */
-    uint64_t rmw_ops;       /* read-modify-write padding operations */
+    uint64_t io_calls;         /* I/Os submitted to the kernel */
+    uint64_t bytes_read;       /* bytes read from the kernel */
+    uint64_t bytes_written;    /* bytes written to the kernel */
+    uint64_t bounced_bytes;    /* bytes copied through bounce buffers */
+    uint64_t rmw_ops;          /* read-modify-write padding operations */
     uint64_t serialised_waits; /* requests that waited on overlap */
 };
 BI_EXPORT void bi_node_stats(const bi_node *n, struct bi_stats *out);
@@ -166,7 +166,7 @@ BI_EXPORT size_t bi_page_size(void);
 
 enum bi_req_flags {
     BI_REQ_FUA = 1 << 0,
-    BI_REQ_MAY_UNMAP = 1 << 1, /* write zeroes may punch holes */
+    BI_REQ_MAY_UNMAP = 1 << 1,   /* write zeroes may punch holes */
     BI_REQ_NO_FALLBACK = 1 << 2, /* write zeroes must be fast or -ENOTSUP */
 };
 
@@ -203,9 +203,9 @@ BI_EXPORT int bi_truncate(bi_node *n, uint64_t size, bool exact,
 typedef void bi_aio_cb(void *opaque, int ret);
 BI_EXPORT void bi_aio_preadv(bi_node *n, uint64_t off, const struct iovec *iov,
                              int iovcnt, bi_aio_cb *cb, void *opaque);
-BI_EXPORT void bi_aio_pwritev(bi_node *n, uint64_t off,
-                              const struct iovec *iov, int iovcnt, int flags,
-                              bi_aio_cb *cb, void *opaque);
+BI_EXPORT void bi_aio_pwritev(bi_node *n, uint64_t off, const struct iovec *iov,
+                              int iovcnt, int flags, bi_aio_cb *cb,
+                              void *opaque);
 BI_EXPORT void bi_aio_flush(bi_node *n, bi_aio_cb *cb, void *opaque);
 BI_EXPORT void bi_aio_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len,
                                     int flags, bi_aio_cb *cb, void *opaque);
@@ -231,7 +231,7 @@ enum bi_status_flags {
     BI_BS_ALLOCATED = 1 << 2,    /* allocated in this layer */
     BI_BS_OFFSET_VALID = 1 << 3, /* offset/file are valid */
     BI_BS_COMPRESSED = 1 << 4,
-    BI_BS_EOF = 1 << 5,          /* range ends at end of image */
+    BI_BS_EOF = 1 << 5, /* range ends at end of image */
 };
 struct bi_status {
     uint64_t len;    /* bytes of one kind from the queried offset */
@@ -251,7 +251,7 @@ BI_EXPORT int bi_block_status_above(bi_node *n, bi_node *base, uint64_t off,
 /* --------------------------------------------------------------- creation */
 
 struct bi_create_opts {
-    const char *format;   /* "raw", "qcow2" */
+    const char *format; /* "raw", "qcow2" */
     uint64_t size;
     bool size_set;
     enum bi_prealloc prealloc;
@@ -279,8 +279,8 @@ struct bi_kv {
     char json_key[48];  /* key in "format-specific"."data" */
     char human_key[48]; /* key in the human text */
     enum bi_kv_type type;
-    char str[512];      /* STR value, or a raw JSON value for BI_KV_JSON */
-    int64_t num;        /* INT value; BOOL as 0/1 */
+    char str[512]; /* STR value, or a raw JSON value for BI_KV_JSON */
+    int64_t num;   /* INT value; BOOL as 0/1 */
 };
 struct bi_snapshot_info {
     char id[128];
@@ -294,7 +294,7 @@ struct bi_snapshot_info {
 struct bi_image_info {
     char format[32];
     uint64_t virtual_size;
-    int64_t actual_size; /* -1 if unknown */
+    int64_t actual_size;   /* -1 if unknown */
     uint64_t cluster_size; /* 0 if none */
     bool encrypted;
     bool has_dirty_flag;

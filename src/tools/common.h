@@ -61,7 +61,7 @@ struct tool_image {
     bool no_backing;
     bool quiet_probe;
     bool metadata_only; /* info: encrypted images open without a key */
-    bool aio_set; /* aio chosen (-i or image options) */
+    bool aio_set;       /* aio chosen (-i or image options) */
     enum bi_aio aio;
 };
 void tool_image_init(struct tool_image *ti);

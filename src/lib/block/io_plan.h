@@ -19,8 +19,8 @@ struct bi_rw_plan {
 };
 
 static inline void bi_plan_rw(const struct bi_limits *l, uint64_t off,
-                              uint64_t len, const struct iovec *iov,
-                              int iovcnt, struct bi_rw_plan *p)
+                              uint64_t len, const struct iovec *iov, int iovcnt,
+                              struct bi_rw_plan *p)
 {
     uint64_t align = l->request_alignment ? l->request_alignment : 1;
     uint64_t mem = l->min_mem_alignment ? l->min_mem_alignment : 1;

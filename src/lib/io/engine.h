@@ -29,8 +29,8 @@ struct bi_io {
     const struct iovec *iov;
     int iovcnt;
     uint64_t offset;
-    uint64_t len; /* FALLOCATE */
-    int mode;     /* FALLOCATE mode */
+    uint64_t len;              /* FALLOCATE */
+    int mode;                  /* FALLOCATE mode */
     int (*work_fn)(void *arg); /* WORK; returns 0 or -errno */
     void *work_arg;
     /* Result: bytes transferred (READ/WRITE) or 0, or -errno. Short

@@ -23,7 +23,10 @@ void bi_co_enter(bi_co *co);
 void bi_co_yield(void);
 /* The running coroutine, or NULL in the main context. */
 bi_co *bi_co_self(void);
-static inline bool bi_in_co(void) { return bi_co_self() != NULL; }
+static inline bool bi_in_co(void)
+{
+    return bi_co_self() != NULL;
+}
 
 /* Schedules co to be entered from the event loop (safe from anywhere in
  * the block-layer thread, including from another coroutine). */

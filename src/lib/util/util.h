@@ -15,7 +15,10 @@
 #define BI_UNUSED(x) ((void)(x))
 
 /* ---- alignment arithmetic (a must be a power of two unless noted) ---- */
-static inline bool bi_is_pow2(uint64_t a) { return a && !(a & (a - 1)); }
+static inline bool bi_is_pow2(uint64_t a)
+{
+    return a && !(a & (a - 1));
+}
 static inline uint64_t bi_align_down(uint64_t v, uint64_t a)
 {
     return v / a * a; /* any a > 0 */
@@ -24,7 +27,10 @@ static inline uint64_t bi_align_up(uint64_t v, uint64_t a)
 {
     return (v + a - 1) / a * a; /* any a > 0 */
 }
-static inline bool bi_is_aligned(uint64_t v, uint64_t a) { return v % a == 0; }
+static inline bool bi_is_aligned(uint64_t v, uint64_t a)
+{
+    return v % a == 0;
+}
 static inline bool bi_ptr_aligned(const void *p, uint64_t a)
 {
     return ((uintptr_t)p % a) == 0;
@@ -35,8 +41,8 @@ bool bi_iov_aligned(const struct iovec *iov, int iovcnt, uint64_t mem_align,
                     uint64_t len_align);
 uint64_t bi_iov_size(const struct iovec *iov, int iovcnt);
 /* Copies between an iovec (from byte offset) and a flat buffer. */
-void bi_iov_to_buf(const struct iovec *iov, int iovcnt, uint64_t off,
-                   void *buf, uint64_t len);
+void bi_iov_to_buf(const struct iovec *iov, int iovcnt, uint64_t off, void *buf,
+                   uint64_t len);
 void bi_iov_from_buf(const struct iovec *iov, int iovcnt, uint64_t off,
                      const void *buf, uint64_t len);
 void bi_iov_memset(const struct iovec *iov, int iovcnt, uint64_t off, int c,
