@@ -149,7 +149,8 @@ static int rebuild_header_co(bi_node *n, const struct hdr_plan *p)
     if (ret == 0 && p->backing_fmt)
         ret = put_ext(out, cs, &pos, QCOW2_EXT_BACKING_FORMAT, p->backing_fmt,
                       (uint32_t)strlen(p->backing_fmt));
-    if (ret == 0 && p->version >= 3) {
+    /* as QEMU: no feature table in headers of clusters up to 4 KiB */
+    if (ret == 0 && p->version >= 3 && cs > 4096) {
         size_t nf = sizeof(feature_table) / sizeof(feature_table[0]);
         uint8_t ft[sizeof(feature_table) / sizeof(feature_table[0]) * 48];
         memset(ft, 0, sizeof(ft));
