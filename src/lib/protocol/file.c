@@ -349,8 +349,12 @@ static int file_flush_fd(bi_node *n)
     return 0;
 }
 
-static int file_co_preadv(bi_node *n, uint64_t off, uint64_t len,
-                          const struct iovec *iov, int iovcnt)
+/* Moves [off, off+len) between the file and iov, resubmitting the rest
+ * after a short transfer. A read that stops short (end of file; a direct
+ * read stops short only there, or off the alignment) leaves zeroes; a
+ * write that moves nothing is out of space. Sets *moved. */
+static int file_transfer(bi_node *n, bool write, uint64_t off, uint64_t len,
+                         const struct iovec *iov, int iovcnt, uint64_t *moved)
 {
     struct file_state *s = n->opaque;
     uint32_t align =
@@ -366,7 +370,7 @@ static int file_co_preadv(bi_node *n, uint64_t off, uint64_t len,
         int64_t r;
 
         memset(&io, 0, sizeof(io));
-        io.op = BI_IO_READ;
+        io.op = write ? BI_IO_WRITE : BI_IO_READ;
         io.fd = s->fd;
         io.iov = cur;
         io.iovcnt = curcnt;
@@ -379,11 +383,14 @@ static int file_co_preadv(bi_node *n, uint64_t off, uint64_t len,
             ret = (int)r;
             break;
         }
-        bi_stats_io(n, (uint64_t)r, 0);
+        if (write && r == 0) {
+            ret = -ENOSPC;
+            break;
+        }
+        bi_stats_io(n, write ? 0 : (uint64_t)r, write ? (uint64_t)r : 0);
         done += (uint64_t)r;
-        if (r == 0 ||
-            (done < len && s->direct && !bi_is_aligned(off + done, align))) {
-            /* End of file (a direct read stops short only there). */
+        if (!write && (r == 0 || (done < len && s->direct &&
+                                  !bi_is_aligned(off + done, align)))) {
             bi_iov_memset(iov, iovcnt, done, 0, len - done);
             break;
         }
@@ -400,56 +407,24 @@ static int file_co_preadv(bi_node *n, uint64_t off, uint64_t len,
         }
     }
     free(sub);
+    *moved = done;
     return ret;
+}
+
+static int file_co_preadv(bi_node *n, uint64_t off, uint64_t len,
+                          const struct iovec *iov, int iovcnt)
+{
+    uint64_t done;
+    return file_transfer(n, false, off, len, iov, iovcnt, &done);
 }
 
 static int file_co_pwritev(bi_node *n, uint64_t off, uint64_t len,
                            const struct iovec *iov, int iovcnt, int flags)
 {
     struct file_state *s = n->opaque;
-    const struct iovec *cur = iov;
-    int curcnt = iovcnt;
-    struct iovec *sub = NULL;
-    uint64_t done = 0;
-    int ret = 0;
+    uint64_t done;
+    int ret = file_transfer(n, true, off, len, iov, iovcnt, &done);
 
-    while (done < len) {
-        struct bi_io io;
-        int64_t r;
-
-        memset(&io, 0, sizeof(io));
-        io.op = BI_IO_WRITE;
-        io.fd = s->fd;
-        io.iov = cur;
-        io.iovcnt = curcnt;
-        io.offset = off + done;
-        r = run_io(&io);
-        if (r == -EINTR || r == -EAGAIN) {
-            continue;
-        }
-        if (r < 0) {
-            ret = (int)r;
-            break;
-        }
-        if (r == 0) {
-            ret = -ENOSPC;
-            break;
-        }
-        bi_stats_io(n, 0, (uint64_t)r);
-        done += (uint64_t)r;
-        if (done < len) {
-            if (!sub) {
-                sub = bi_xmalloc(sizeof(*sub) * (size_t)iovcnt);
-            }
-            curcnt = bi_iov_slice(iov, iovcnt, done, len - done, sub, iovcnt);
-            if (curcnt < 0) {
-                ret = curcnt;
-                break;
-            }
-            cur = sub;
-        }
-    }
-    free(sub);
     if (!s->is_blk && off + done > n->size) {
         n->size = off + done;
     }
