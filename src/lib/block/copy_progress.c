@@ -134,7 +134,9 @@ void bi_progress_print(struct bi_progress *p, float delta, int max)
         current = 100;
     }
     p->current = current;
-    if (current > p->last_print + p->min_skip || current == 100 ||
+    /* as QEMU: a move back by more than the step prints too */
+    if (current > p->last_print + p->min_skip ||
+        current < p->last_print - p->min_skip || current == 100 ||
         current == 0) {
         p->last_print = p->current;
         do_print(p);

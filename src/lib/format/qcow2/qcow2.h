@@ -366,6 +366,33 @@ int qc_snapshot_delete(bi_node *n, const char *name, bi_error *err);
 int qcow2_create(const char *filename, const struct bi_create_opts *o,
                  bi_error *err);
 
+/* ---- growth preallocation, refcount structures (qcow2_prealloc.c) ---- */
+/* Refcount entry i of a refcount block of the given order. */
+uint64_t qc_rc_get(uint32_t order, const void *block, uint64_t i);
+void qc_rc_set(uint32_t order, void *block, uint64_t i, uint64_t v);
+/* Refcount blocks needed to count clusters and themselves (QEMU's
+ * qcow2_refcount_metadata_size fixed point). */
+uint64_t qc_refblocks_needed(uint64_t clusters, uint64_t cs, uint32_t order,
+                             bool generous);
+/* Highest cluster with a non-zero refcount below file_len. */
+int64_t qc_last_cluster(bi_node *n, uint64_t file_len);
+/* Refcount structures covering start + additional clusters, built at start
+ * (new blocks, then a new table); returns the end of them. Lock held. */
+int64_t qc_refcount_area(bi_node *n, uint64_t start, uint64_t additional);
+/* Maps [old_len, new_len) with preallocation (lock held); head: the guest
+ * bytes of the partial cluster below old_len. */
+int qc_preallocate_locked(bi_node *n, uint64_t old_len, uint64_t new_len,
+                          enum bi_prealloc mode, const void *head,
+                          uint64_t head_len, bi_error *err);
+
+/* ---- refcount width change (qcow2_reforder.c) ---- */
+typedef void qc_reorder_status_cb(void *opaque, int64_t off, int64_t total);
+/* Rebuilds the refcount structures with 2^order bit entries (lock held,
+ * v3 images); progress in QEMU's walk units. */
+int qc_change_refcount_order(bi_node *n, uint32_t order,
+                             qc_reorder_status_cb *cb, void *opaque,
+                             bi_error *err);
+
 /* ---- driver ops defined in qcow2_map.c ---- */
 int qcow2_co_map(bi_node *n, uint64_t off, uint64_t len, unsigned flags,
                  struct bi_extent *ext);

@@ -475,11 +475,44 @@ static int mark_clean_locked(bi_node *n)
 struct amend_co {
     bi_node *n;
     struct hdr_plan plan;
-    int op; /* 0 header, 1 mark clean + header, 2 expand zero clusters */
+    int op; /* 0 header, 1 mark clean + header, 2 expand zero clusters,
+             * 3 refcount order */
     bi_amend_status_cb *cb;
     void *opaque;
-    bool snapshot_zero; /* op 2: a snapshot has zero clusters */
+    bool snapshot_zero;      /* op 2: a snapshot has zero clusters */
+    uint32_t refcount_order; /* op 3 */
+    bi_error *err;           /* op 3 */
 };
+
+/* QEMU's qcow2_amend_helper_cb: the progress of several operations (each
+ * reporting its own offset / work size) as one, the work of operations
+ * not started yet projected from those done. */
+struct amend_helper {
+    bi_amend_status_cb *cb;
+    void *opaque;
+    int total_ops, ops_done;
+    int cur_op, last_op; /* 0: none */
+    int64_t offset_done, last_work;
+};
+
+static void helper_cb(void *opaque, int64_t off, int64_t work)
+{
+    struct amend_helper *h = opaque;
+    if (h->cur_op != h->last_op) {
+        if (h->last_op) {
+            h->offset_done += h->last_work;
+            h->ops_done++;
+        }
+        h->last_op = h->cur_op;
+    }
+    if (!h->cb || h->total_ops <= 0 || h->ops_done >= h->total_ops)
+        return;
+    h->last_work = work;
+    int64_t cur = h->offset_done + work;
+    int64_t projected =
+        cur * (h->total_ops - h->ops_done - 1) / (h->ops_done + 1);
+    h->cb(h->opaque, h->offset_done + off, cur + projected);
+}
 
 /* Does the L2 table at l2_off (read-only) hold zero clusters? */
 static int l2_has_zero(bi_node *n, uint64_t l2_off, bool *found)
@@ -617,7 +650,13 @@ static int amend_co_fn(void *arg)
         if (ret == 0)
             ret = expand_zero_locked(a);
     }
-    if (ret == 0 && a->op != 2) {
+    if (ret == 0 && a->op == 3) {
+        ret = qc_before_meta_write(a->n);
+        if (ret == 0)
+            ret = qc_change_refcount_order(a->n, a->refcount_order, a->cb,
+                                           a->opaque, a->err);
+    }
+    if (ret == 0 && a->op != 2 && a->op != 3) {
         a->plan.incompat = s->incompat & a->plan.incompat;
         if (a->op == 1)
             a->plan.incompat &= ~QCOW2_INCOMPAT_DIRTY;
@@ -693,7 +732,13 @@ int qcow2_amend(bi_node *n, const char *const *options, bool force,
         return -EINVAL;
     }
 
+    struct amend_helper helper = {.cb = cb, .opaque = opaque};
+    helper.total_ops =
+        (new_version != old_version) +
+        (r.has_refcount_bits && r.refcount_bits != s->refcount_bits);
+
     if (new_version > old_version) {
+        helper.cur_op = 1;
         /* v3 needs every snapshot's 64-bit VM state size and disk size */
         for (uint32_t i = 0; i < s->nb_snapshots; i++) {
             if (s->snapshots[i].extra_data_size < 16) {
@@ -703,8 +748,8 @@ int qcow2_amend(bi_node *n, const char *const *options, bool force,
                 return -ENOTSUP;
             }
         }
-        status(cb, opaque, 0, 2);
-        status(cb, opaque, 1, 2);
+        helper_cb(&helper, 0, 2);
+        helper_cb(&helper, 1, 2);
         plan_from_state(s, &p);
         p.version = 3;
         p.incompat = 0;
@@ -713,7 +758,7 @@ int qcow2_amend(bi_node *n, const char *const *options, bool force,
         ret = write_header(n, &p, false, err);
         if (ret < 0)
             return ret;
-        status(cb, opaque, 2, 2);
+        helper_cb(&helper, 2, 2);
     }
 
     if (r.has_backing_file || r.has_backing_fmt) {
@@ -760,8 +805,20 @@ int qcow2_amend(bi_node *n, const char *const *options, bool force,
                          "or greater)");
             return -EINVAL;
         }
-        bi_error_set(err, 0, "Changing the refcount width is not supported");
-        return -ENOTSUP;
+        helper.cur_op = 2;
+        struct amend_co a = {.n = n,
+                             .op = 3,
+                             .cb = helper_cb,
+                             .opaque = &helper,
+                             .refcount_order =
+                                 (uint32_t)__builtin_ctzll(r.refcount_bits),
+                             .err = err};
+        ret = bi_run_co(amend_co_fn, &a);
+        if (ret < 0) {
+            if (!err || !err->msg[0])
+                bi_error_set(err, -ret, "Failed to change the refcount width");
+            return ret;
+        }
     }
 
     if (r.has_data_file || r.has_data_file_raw) {
@@ -823,7 +880,9 @@ int qcow2_amend(bi_node *n, const char *const *options, bool force,
                          s->incompat);
             return -ENOTSUP;
         }
-        struct amend_co a = {.n = n, .op = 2, .cb = cb, .opaque = opaque};
+        helper.cur_op = 3;
+        struct amend_co a = {
+            .n = n, .op = 2, .cb = helper_cb, .opaque = &helper};
         ret = bi_run_co(amend_co_fn, &a);
         if (ret < 0) {
             if (a.snapshot_zero)

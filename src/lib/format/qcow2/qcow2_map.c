@@ -1311,22 +1311,30 @@ int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
                       enum bi_prealloc prealloc, bi_error *err)
 {
     qcow2_state *s = n->opaque;
+    uint8_t *head = NULL;
+    uint64_t head_len = 0;
     int ret;
     if (s->read_only) {
         bi_error_set(err, EROFS, "Cannot resize a read-only image");
         return -EROFS;
     }
-    if (prealloc != BI_PREALLOC_OFF) {
-        bi_error_set(err, 0,
-                     "Preallocation mode '%s' unsupported for "
-                     "qcow2 resize",
+    if (prealloc != BI_PREALLOC_OFF && prealloc != BI_PREALLOC_METADATA &&
+        prealloc != BI_PREALLOC_FALLOC && prealloc != BI_PREALLOC_FULL) {
+        bi_error_set(err, 0, "Unsupported preallocation mode '%s'",
                      bi_prealloc_name(prealloc));
         if (err && !err->code)
             err->code = -ENOTSUP;
         return -ENOTSUP;
     }
-    if (s->nb_snapshots && size != n->size) {
-        bi_error_set(err, 0, "Can't resize an image which has snapshots");
+    if (size % 512) {
+        bi_error_set(err, 0, "The new size must be a multiple of 512");
+        if (err && !err->code)
+            err->code = -EINVAL;
+        return -EINVAL;
+    }
+    /* the snapshot table of v2 images need not record the disk size */
+    if (s->nb_snapshots && s->version < 3) {
+        bi_error_set(err, 0, "Can't resize a v2 image which has snapshots");
         if (err && !err->code)
             err->code = -ENOTSUP;
         return -ENOTSUP;
@@ -1334,6 +1342,30 @@ int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
     if (size > INT64_MAX) {
         bi_error_set(err, EFBIG, "Image size too large");
         return -EFBIG;
+    }
+    uint64_t old_len = n->size;
+    if (size < old_len && prealloc != BI_PREALLOC_OFF) {
+        bi_error_set(err, 0,
+                     "Preallocation can't be used for shrinking an image");
+        if (err && !err->code)
+            err->code = -EINVAL;
+        return -EINVAL;
+    }
+    if (size > old_len && s->data_file_raw && prealloc == BI_PREALLOC_OFF)
+        prealloc = BI_PREALLOC_METADATA; /* the raw data file stays mapped */
+    if (size > old_len && prealloc != BI_PREALLOC_OFF &&
+        qc_offset_into_cluster(s, old_len)) {
+        /* the guest bytes of the old partial cluster, carried over */
+        head_len = qc_offset_into_cluster(s, old_len);
+        head = bi_blockalign(n->file, bi_align_up(head_len, 4096));
+        if (!head)
+            return -ENOMEM;
+        ret = bi_co_pread(n, old_len - head_len, head, head_len);
+        if (ret < 0) {
+            bi_free_aligned(head);
+            bi_error_set(err, -ret, "Could not read the last cluster");
+            return ret;
+        }
     }
     bi_co_mutex_lock(&s->lock);
     ret = qc_before_write(n);
@@ -1373,6 +1405,16 @@ int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
     ret = qc_flush_metadata(n);
     if (ret < 0)
         goto out;
+    if (prealloc != BI_PREALLOC_OFF) {
+        ret = qc_preallocate_locked(n, old_len, size, prealloc, head, head_len,
+                                    err);
+        if (ret < 0)
+            goto out;
+    } else if (s->data_file) {
+        ret = bi_truncate(s->data_file, size, exact, BI_PREALLOC_OFF, err);
+        if (ret < 0)
+            goto out;
+    }
     ret = bi_co_flush(n->file);
     if (ret < 0)
         goto out;
@@ -1383,8 +1425,8 @@ int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
     n->size = size;
 out:
     bi_co_mutex_unlock(&s->lock);
+    bi_free_aligned(head);
     if (ret < 0 && err && !err->msg[0])
         bi_error_set(err, -ret, "Could not resize image");
-    BI_UNUSED(exact);
     return ret;
 }
