@@ -5,11 +5,12 @@
  * size measurement.
  *
  * The engine copies the concatenation of one or more source nodes into a
- * target node with many requests in flight. It never reads what block
- * status reports as zero or unallocated, skips zero ranges when the target
- * already reads as zeroes, writes zeroes efficiently otherwise, detects
- * runs of zeroes in data (sparse output), can compress through the target
- * driver and can offload the copy with copy_file_range.
+ * target node with many requests in flight (or, for commit and rebase, the
+ * ranges of one image's view those operations copy; see bi_copy_mode). It never
+ * reads what block status reports as zero or unallocated, skips zero ranges
+ * when the target already reads as zeroes, writes zeroes efficiently otherwise,
+ * detects runs of zeroes in data (sparse output), can compress through the
+ * target driver and can offload the copy with copy_file_range.
  */
 #ifndef BLKIMG_CONVERT_H
 #define BLKIMG_CONVERT_H
@@ -29,6 +30,29 @@ extern "C" {
  * (allocated bytes); the qemu-img percentage is 100.0 * done / total. */
 typedef void bi_convert_progress_cb(void *opaque, uint64_t done,
                                     uint64_t total);
+
+/* What the engine copies (bi_convert_opts.mode). */
+enum bi_copy_mode {
+    /* convert: every byte of the concatenated sources */
+    BI_COPY_CONVERT = 0,
+    /* qemu-img commit (QEMU's commit job): src[0] is the top image, dst a
+     * node of its backing chain opened read-write (the base, grown to the
+     * top's size beforehand). Wherever anything above dst is allocated
+     * (rounded out to copy_granularity), the top's view is written into
+     * dst: data as read, zeroes as zero writes that may unmap. */
+    BI_COPY_COMMIT,
+    /* safe qemu-img rebase: src[0] is the image, which is also the target
+     * (dst == src[0]). Where the image is unallocated (and, with
+     * rebase_prefix, something between its backing file and the prefix is
+     * allocated), the ranges where its current backing view (old_backing;
+     * NULL: zeroes) reads differently from new_backing (NULL: zeroes) get
+     * the old view written into the image, in qemu-img's 2 MiB steps. */
+    BI_COPY_REBASE,
+};
+
+/* BI_COPY_REBASE progress: called once per qemu-img step that compared
+ * data, in image order (qemu-img prints one progress step each). */
+typedef void bi_copy_step_cb(void *opaque);
 
 struct bi_convert_opts {
     bi_node *const *src; /* sources, concatenated in order */
@@ -57,6 +81,15 @@ struct bi_convert_opts {
     /* If non-NULL and set non-zero (e.g. by a signal handler), the copy
      * stops as soon as the requests in flight finish: -ECANCELED. */
     volatile sig_atomic_t *cancel;
+
+    enum bi_copy_mode mode;
+    /* BI_COPY_COMMIT: the dirty granularity (QEMU: the base's cluster
+     * size within [4 KiB, 64 KiB], 64 KiB without one); 0 = that. */
+    uint64_t copy_granularity;
+    /* BI_COPY_REBASE */
+    bi_node *old_backing, *new_backing, *rebase_prefix;
+    bi_copy_step_cb *step;
+    void *step_opaque;
 };
 
 BI_EXPORT void bi_convert_opts_init(struct bi_convert_opts *o);

@@ -27,6 +27,15 @@ BI_EXPORT int bi_change_backing_file(bi_node *n, const char *backing_file,
  * freeing the clusters. -ENOTSUP for formats that cannot. */
 BI_EXPORT int bi_make_empty(bi_node *n, bi_error *err);
 
+/* Reopens n, a backing node of an open image (its parent's backing file),
+ * read-write in place, as QEMU's commit reopens its base: n is closed and
+ * the returned node, which takes its place in the chain, is opened with
+ * the same format and cache mode (and its own backing chain). On failure
+ * NULL, with n reopened read-only in place (*restored set to the node, or
+ * NULL if even that failed). */
+BI_EXPORT bi_node *bi_reopen_backing_rw(bi_node *n, bi_node **restored,
+                                        bi_error *err);
+
 /* Progress of an amendment: offset out of total units of work done.
  * Called once with total == 0 when the options are accepted, before
  * anything changes (qemu-img prints 0% there). */

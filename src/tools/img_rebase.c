@@ -2,13 +2,15 @@
 /*
  * blkimg rebase: qemu-img rebase compatible. Safe mode copies into the
  * image every range that is unallocated in it and reads differently in the
- * old and the new backing file, then records the new backing file; -u only
- * rewrites the header.
+ * old and the new backing file (through the library's copy engine, in
+ * qemu-img's steps), then records the new backing file; -u only rewrites
+ * the header.
  */
 #include "blkimg/blkimg.h"
 #include "blkimg/convert.h"
 #include "blkimg/image_ops.h"
 #include "img.h"
+#include "img_chain.h"
 #include "util/util.h"
 
 #include <errno.h>
@@ -18,58 +20,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-void cv_err(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-int cv_err_exit(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void cv_getopt_error(char **argv, int c);
-int cv_parse_image_opts(const char *s, struct bi_open_opts *o,
-                        const char **filename, char ***owned);
-void cv_free_strv(char **v);
-const char *strip_file_prefix(const char *msg, const char *file);
-
 #define RB_BUF_SIZE (2 * 1024 * 1024) /* qemu-img's IO_BUF_SIZE */
-#define RB_SECTOR 512
-
-static bi_node *rb_open(const char *filename, const char *fmt, bool image_opts,
-                        enum bi_cache cache, bool no_backing)
-{
-    struct bi_open_opts o;
-    bi_error err;
-    char **owned = NULL;
-    const char *fname = filename;
-    bi_open_opts_init(&o);
-    o.format = fmt;
-    o.cache = cache;
-    o.backing_cache = cache;
-    o.read_write = true;
-    o.no_backing = no_backing;
-    if (image_opts) {
-        if (fmt) {
-            cv_err("--image-opts and --format are mutually exclusive");
-            return NULL;
-        }
-        if (cv_parse_image_opts(filename, &o, &fname, &owned) < 0)
-            return NULL;
-    }
-    bi_error_init(&err);
-    bi_node *n = bi_open(fname, &o, &err);
-    if (!n)
-        cv_err("%s", err.msg);
-    cv_free_strv(owned);
-    return n;
-}
-
-/* The backing name as QEMU resolves it against the overlay's file name. */
-static char *resolve_backing(const char *overlay, const char *backing)
-{
-    const char *slash = strrchr(overlay, '/');
-    char *r;
-    if (backing[0] == '/' || !slash)
-        return strdup(backing);
-    if (asprintf(&r, "%.*s%s", (int)(slash - overlay + 1), overlay, backing) <
-        0)
-        return NULL;
-    return r;
-}
+#define RB_COROUTINES 8
 
 /* The node of n's backing chain whose file is path, or NULL. */
 static bi_node *find_in_chain(bi_node *n, const char *path)
@@ -85,128 +37,77 @@ static bi_node *find_in_chain(bi_node *n, const char *path)
     return NULL;
 }
 
-/* qemu-img's compare_buffers(): whether the first sector differs, and in
- * *pnum how many bytes from the start share that state (sector steps). */
-static bool compare_buffers(const uint8_t *a, const uint8_t *b, uint64_t len,
-                            uint64_t *pnum)
+/* qemu-img's progress: one step per compared 2 MiB step. */
+struct rb_step {
+    struct bi_progress *prog;
+    float step;
+};
+
+static void rb_step_cb(void *opaque)
 {
-    uint64_t i = BI_MIN(len, (uint64_t)RB_SECTOR);
-    bool res = memcmp(a, b, i) != 0;
-    while (i < len) {
-        uint64_t l = BI_MIN(len - i, (uint64_t)RB_SECTOR);
-        if ((memcmp(a + i, b + i, l) != 0) != res)
-            break;
-        i += l;
-    }
-    *pnum = i;
-    return res;
+    struct rb_step *st = opaque;
+    bi_progress_print(st->prog, st->step, 100);
 }
 
+/* Safe mode: the library's copy engine writes into the image what its
+ * old backing view has where the new one differs (many requests in
+ * flight, writes in image order). */
 static int rb_copy(bi_node *top, bi_node *old_b, bi_node *new_b,
                    bi_node *prefix, const char *filename,
                    const char *out_baseimg, struct bi_progress *prog)
 {
-    int64_t size = bi_getlength(top), old_size = 0, new_size = 0;
-    uint8_t *buf_old = NULL, *buf_new = NULL;
-    int ret = -1;
+    int64_t size = bi_getlength(top);
     if (size < 0) {
         cv_err("Could not get size of '%s': %s", filename,
                strerror((int)-size));
         return -1;
     }
-    if (old_b) {
-        old_size = bi_getlength(old_b);
-        if (old_size < 0) {
-            cv_err("Could not get size of '%s': %s", bi_node_filename(old_b),
-                   strerror((int)-old_size));
-            return -1;
-        }
+    if (old_b && bi_getlength(old_b) < 0) {
+        cv_err("Could not get size of '%s': %s", bi_node_filename(old_b),
+               strerror((int)-bi_getlength(old_b)));
+        return -1;
     }
-    if (new_b) {
-        new_size = bi_getlength(new_b);
-        if (new_size < 0) {
-            cv_err("Could not get size of '%s': %s", out_baseimg,
-                   strerror((int)-new_size));
-            return -1;
-        }
+    if (new_b && bi_getlength(new_b) < 0) {
+        cv_err("Could not get size of '%s': %s", out_baseimg,
+               strerror((int)-bi_getlength(new_b)));
+        return -1;
     }
-    buf_old = bi_blockalign(top, RB_BUF_SIZE);
-    buf_new = bi_blockalign(top, RB_BUF_SIZE);
-    if (!buf_old || !buf_new) {
-        cv_err("Could not allocate buffers: %s", strerror(ENOMEM));
-        goto out;
-    }
-    float step = 0;
+    struct rb_step st = {prog, 0};
     if (size != 0)
-        step = (float)100 / (float)(size / BI_MIN(size, (int64_t)RB_BUF_SIZE));
-    uint64_t n;
-    for (uint64_t off = 0; off < (uint64_t)size; off += n) {
-        bool old_zero = false;
-        struct bi_status st;
-        n = BI_MIN((uint64_t)RB_BUF_SIZE, (uint64_t)size - off);
-        int r = bi_block_status(top, off, n, &st);
-        if (r < 0) {
-            cv_err("error while reading image metadata: %s", strerror(-r));
-            goto out;
-        }
-        n = BI_MIN(n, st.len);
-        if (st.flags & BI_BS_ALLOCATED)
-            continue;
-        if (prefix) {
-            r = bi_block_status_above(old_b, prefix, off, n, &st);
-            if (r < 0) {
-                cv_err("error while reading image metadata: %s", strerror(-r));
-                goto out;
-            }
-            n = BI_MIN(n, st.len);
-            if (!(st.flags & BI_BS_ALLOCATED))
-                continue;
-        }
-        if ((int64_t)off >= old_size) {
-            memset(buf_old, 0, n);
-            old_zero = true;
-        } else {
-            if ((int64_t)(off + n) > old_size)
-                n = (uint64_t)old_size - off;
-            if (bi_pread(old_b, off, buf_old, n) < 0) {
-                cv_err("error while reading from old backing file");
-                goto out;
-            }
-        }
-        if (!new_b || (int64_t)off >= new_size) {
-            memset(buf_new, 0, n);
-        } else {
-            if ((int64_t)(off + n) > new_size)
-                n = (uint64_t)new_size - off;
-            if (bi_pread(new_b, off, buf_new, n) < 0) {
-                cv_err("error while reading from new backing file");
-                goto out;
-            }
-        }
-        uint64_t done = 0;
-        while (done < n) {
-            uint64_t pnum;
-            if (compare_buffers(buf_old + done, buf_new + done, n - done,
-                                &pnum)) {
-                if (old_zero)
-                    r = bi_pwrite_zeroes(top, off + done, pnum, 0);
-                else
-                    r = bi_pwrite(top, off + done, buf_old + done, pnum, 0);
-                if (r < 0) {
-                    cv_err("Error while writing to COW image: %s",
-                           strerror(-r));
-                    goto out;
-                }
-            }
-            done += pnum;
-        }
-        bi_progress_print(prog, step, 100);
+        st.step =
+            (float)100 / (float)(size / BI_MIN(size, (int64_t)RB_BUF_SIZE));
+
+    struct bi_convert_opts o;
+    bi_convert_opts_init(&o);
+    o.mode = BI_COPY_REBASE;
+    o.src = &top;
+    o.n_src = 1;
+    o.dst = top;
+    o.old_backing = old_b;
+    o.new_backing = new_b;
+    o.rebase_prefix = prefix;
+    o.num_coroutines = RB_COROUTINES;
+    o.buf_size = RB_BUF_SIZE;
+    /* bi_close flushes; qemu-img's rebase does not flush before it
+     * rewrites the header either */
+    o.flush = false;
+    o.step = rb_step_cb;
+    o.step_opaque = &st;
+
+    bi_error err;
+    const char *sig;
+    bi_error_init(&err);
+    int r = chain_run_copy(&o, &err, &sig);
+    if (r == -ECANCELED) {
+        cv_err("Interrupted by %s: '%s' still uses its old backing file (%s)",
+               sig, filename, err.msg);
+        return -1;
     }
-    ret = 0;
-out:
-    bi_free_aligned(buf_old);
-    bi_free_aligned(buf_new);
-    return ret;
+    if (r < 0) {
+        cv_err("%s", err.msg);
+        return -1;
+    }
+    return 0;
 }
 
 int img_rebase(int argc, char **argv)
@@ -299,7 +200,7 @@ int img_rebase(int argc, char **argv)
         cv_err("Invalid source cache option: %s", src_cache);
         goto out;
     }
-    top = rb_open(filename, fmt, image_opts, cmode, unsafe);
+    top = chain_open(filename, fmt, image_opts, cmode, unsafe, false);
     if (!top)
         goto out;
     if (out_basefmt && bi_format_exists(out_basefmt) < 0) {
@@ -310,7 +211,8 @@ int img_rebase(int argc, char **argv)
     if (!unsafe) {
         bi_node *old_b = bi_node_backing(top);
         if (out_baseimg[0]) {
-            char *path = resolve_backing(bi_node_filename(top), out_baseimg);
+            char *path =
+                chain_resolve_backing(bi_node_filename(top), out_baseimg);
             if (!path) {
                 cv_err("Could not resolve backing filename: %s",
                        strerror(ENOMEM));

@@ -34,9 +34,17 @@
 #define MAX_BUF (16ULL * 1024 * 1024)
 #define MAX_COROUTINES 16
 
-enum chunk_kind { CK_DATA, CK_ZERO, CK_BACKING };
+/* CK_DISCARD and CK_DIFF: commit and rebase only (see bi_copy_mode). */
+enum chunk_kind { CK_DATA, CK_ZERO, CK_BACKING, CK_DISCARD, CK_DIFF };
 
-enum err_kind { EK_NONE, EK_STATUS, EK_READ, EK_WRITE };
+enum err_kind {
+    EK_NONE,
+    EK_STATUS,
+    EK_READ,
+    EK_WRITE,
+    EK_READ_OLD,
+    EK_READ_NEW
+};
 
 struct cv_fd {
     bi_node *node;
@@ -52,6 +60,8 @@ struct cv_cursor {
     bi_node *host_file;
     uint64_t host_start; /* host offset of the run's start */
     uint64_t run_start;
+    uint64_t dirty_end; /* commit: end of the current dirty run */
+    bool old_zero;      /* rebase: the chunk lies past the old backing */
 };
 
 struct pend {
@@ -107,6 +117,11 @@ struct cv_state {
     int dst_fd;
     struct cv_fd fds[8];
     int n_fds;
+
+    /* commit and rebase */
+    uint64_t gran;               /* commit: dirty granularity */
+    uint64_t tcluster;           /* commit: target cluster size (0: none) */
+    uint64_t old_size, new_size; /* rebase: backing file sizes */
 };
 
 void bi_convert_opts_init(struct bi_convert_opts *o)
@@ -246,9 +261,20 @@ static int cursor_status(struct cv_state *s, struct cv_cursor *c)
 
 /* qemu's convert_iteration_sectors(): the length of the next chunk at
  * c->pos and its kind. */
+static int64_t commit_next(struct cv_state *s, struct cv_cursor *c,
+                           enum chunk_kind *kind);
+static int64_t rebase_next(struct cv_state *s, struct cv_cursor *c,
+                           enum chunk_kind *kind);
+
 static int64_t cursor_next(struct cv_state *s, struct cv_cursor *c,
                            enum chunk_kind *kind)
 {
+    if (s->o->mode == BI_COPY_COMMIT) {
+        return commit_next(s, c, kind);
+    }
+    if (s->o->mode == BI_COPY_REBASE) {
+        return rebase_next(s, c, kind);
+    }
     if (c->pos >= c->status_end) {
         int ret = cursor_status(s, c);
         if (ret < 0) {
@@ -271,6 +297,174 @@ static int64_t cursor_next(struct cv_state *s, struct cv_cursor *c,
     return (int64_t)n;
 }
 
+/* ------------------------------------------------- commit and rebase */
+
+#define COMMIT_RUN_MAX (16ULL * 1024 * 1024) /* QEMU mirror's buffer */
+#define COMMIT_IO_MAX (1ULL * 1024 * 1024)   /* its largest copy */
+#define REBASE_STEP (2ULL * 1024 * 1024)     /* qemu-img's IO_BUF_SIZE */
+
+/* QEMU's bdrv_is_allocated_above(top, base, include_base=false): whether
+ * [off, off + *pnum) is allocated in a layer above base. Zeroes a layer
+ * reads past the end of its (shorter) backing file count as allocated in
+ * that backing file, unless it is base. */
+static int allocated_above(bi_node *top, bi_node *base, uint64_t off,
+                           uint64_t len, bool *alloc, uint64_t *pnum)
+{
+    struct bi_status st;
+    memset(&st, 0, sizeof(st));
+    int ret = bi_block_status_above(top, base, off, len, &st);
+    if (ret < 0) {
+        return ret;
+    }
+    *pnum = st.len == 0 || st.len > len ? len : st.len;
+    *alloc = (st.flags & BI_BS_ALLOCATED) != 0;
+    if (!*alloc && (st.flags & BI_BS_ZERO)) {
+        bi_node *cur = top;
+        for (int d = 0; d < st.depth && cur; d++) {
+            cur = bi_node_backing(cur);
+        }
+        *alloc = cur && cur->backing && cur->backing != base;
+    }
+    return 0;
+}
+
+/* Sets the cursor's run to [c->pos, c->pos + n) of kind k. */
+static int64_t cursor_set(struct cv_cursor *c, uint64_t n, enum chunk_kind k)
+{
+    c->kind = k;
+    c->host_valid = false;
+    c->host_file = NULL;
+    c->pure = k == CK_DATA;
+    c->run_start = c->pos;
+    c->status_end = c->pos + n;
+    return (int64_t)n;
+}
+
+/* Commit, as QEMU's commit job (a mirror of the top into the base): the
+ * dirty ranges are what is allocated above the base, in granules; each
+ * run of dirty granules (up to the mirror's buffer) is copied in pieces
+ * whose kind the top's whole-chain block status decides. */
+static int64_t commit_next(struct cv_state *s, struct cv_cursor *c,
+                           enum chunk_kind *kind)
+{
+    bi_node *top = s->src[0];
+    uint64_t g = s->gran, pos = c->pos, total = s->total, n;
+    bool alloc;
+    int ret;
+
+    if (pos >= c->dirty_end) {
+        uint64_t end = pos;
+        while (end < total && end - pos < COMMIT_RUN_MAX) {
+            ret = allocated_above(top, s->dst, end, total - end, &alloc, &n);
+            if (ret < 0) {
+                return ret;
+            }
+            if (alloc) {
+                end = BI_MIN(bi_align_up(end + n, g), total);
+                continue;
+            }
+            /* end is on a granule: the granules wholly unallocated */
+            uint64_t clean = end + n >= total ? n : bi_align_down(n, g);
+            if (clean) {
+                if (end == pos) {
+                    *kind = CK_BACKING;
+                    return cursor_set(c, clean, CK_BACKING);
+                }
+                break;
+            }
+            end = BI_MIN(end + g, total);
+        }
+        c->dirty_end = BI_MIN(end, pos + COMMIT_RUN_MAX);
+    }
+
+    struct bi_status st;
+    memset(&st, 0, sizeof(st));
+    ret = bi_block_status_above(top, NULL, pos, c->dirty_end - pos, &st);
+    if (ret < 0) {
+        return ret;
+    }
+    n = st.len == 0 || st.len > c->dirty_end - pos ? c->dirty_end - pos
+                                                   : st.len;
+    bool data = (st.flags & BI_BS_DATA) != 0;
+    if (data) {
+        n = BI_MIN(n, COMMIT_IO_MAX);
+    }
+    n = bi_align_down(n, g);
+    *kind = CK_DATA;
+    if (n < g) {
+        n = g;
+    } else if (!data && (!s->tcluster ||
+                         (pos % s->tcluster == 0 && n % s->tcluster == 0))) {
+        *kind = st.flags & BI_BS_ZERO ? CK_ZERO : CK_DISCARD;
+    }
+    n = BI_MIN(n, total - pos);
+    return cursor_set(c, n, *kind);
+}
+
+/* Safe rebase, in qemu-img's steps: at most 2 MiB, cut where the image's
+ * allocation changes, where allocation between the old backing file and
+ * the prefix changes, and at the ends of the old and new backing files. */
+static int64_t rebase_next(struct cv_state *s, struct cv_cursor *c,
+                           enum chunk_kind *kind)
+{
+    const struct bi_convert_opts *o = s->o;
+    uint64_t pos = c->pos, n = BI_MIN(REBASE_STEP, s->total - pos), m;
+    struct bi_status st;
+    bool alloc;
+    int ret;
+
+    memset(&st, 0, sizeof(st));
+    ret = bi_block_status(s->src[0], pos, n, &st);
+    if (ret < 0) {
+        return ret;
+    }
+    if (st.len && st.len < n) {
+        n = st.len;
+    }
+    *kind = CK_BACKING;
+    if (st.flags & BI_BS_ALLOCATED) {
+        return cursor_set(c, n, CK_BACKING);
+    }
+    if (o->rebase_prefix) {
+        ret = allocated_above(o->old_backing, o->rebase_prefix, pos, n, &alloc,
+                              &m);
+        if (ret < 0) {
+            return ret;
+        }
+        n = BI_MIN(n, m);
+        if (!alloc) {
+            return cursor_set(c, n, CK_BACKING);
+        }
+    }
+    c->old_zero = pos >= s->old_size;
+    if (!c->old_zero && pos + n > s->old_size) {
+        n = s->old_size - pos;
+    }
+    if (o->new_backing && pos < s->new_size && pos + n > s->new_size) {
+        n = s->new_size - pos;
+    }
+    *kind = CK_DIFF;
+    return cursor_set(c, n, CK_DIFF);
+}
+
+/* qemu-img's compare_buffers(): whether the first sector differs, and in
+ * *pnum how many bytes from the start share that state. */
+static bool diff_run(const uint8_t *a, const uint8_t *b, uint64_t len,
+                     uint64_t *pnum)
+{
+    uint64_t i = BI_MIN(len, SECTOR);
+    bool res = memcmp(a, b, i) != 0;
+    while (i < len) {
+        uint64_t l = BI_MIN(len - i, SECTOR);
+        if ((memcmp(a + i, b + i, l) != 0) != res) {
+            break;
+        }
+        i += l;
+    }
+    *pnum = i;
+    return res;
+}
+
 /* ------------------------------------------------------------ the copy */
 
 struct chunk {
@@ -281,6 +475,7 @@ struct chunk {
     uint64_t host_off;
     bool pure;     /* nothing in it reads as zero: read without looking */
     bool released; /* in-order turn passed on */
+    bool old_zero; /* rebase: past the end of the old backing file */
 };
 
 static int take_chunk(struct cv_state *s, struct chunk *ch)
@@ -313,6 +508,7 @@ static int take_chunk(struct cv_state *s, struct chunk *ch)
     ch->host_off = s->cur.host_start + (ch->off - s->cur.run_start);
     ch->pure = s->cur.pure && ch->kind == CK_DATA &&
                ch->off + ch->len <= s->cur.status_end;
+    ch->old_zero = s->cur.old_zero;
     s->cur.pos += (uint64_t)n;
 out:
     bi_co_mutex_unlock(&s->lock);
@@ -629,7 +825,52 @@ static int write_data(struct cv_state *s, struct chunk *ch, const uint8_t *buf)
     return 0;
 }
 
-static int do_chunk(struct cv_state *s, struct chunk *ch, uint8_t *buf)
+/* Rebase: reads both backing views, writes where they differ. */
+static int do_diff(struct cv_state *s, struct chunk *ch, uint8_t *b_old,
+                   uint8_t *b_new)
+{
+    const struct bi_convert_opts *o = s->o;
+    uint64_t done = 0, pnum;
+    int ret;
+
+    if (ch->old_zero) {
+        memset(b_old, 0, ch->len);
+    } else if ((ret = bi_co_pread(o->old_backing, ch->off, b_old, ch->len)) <
+               0) {
+        set_error(s, ret, EK_READ_OLD, ch->off);
+        return ret;
+    }
+    if (!o->new_backing || ch->off >= s->new_size) {
+        memset(b_new, 0, ch->len);
+    } else if ((ret = bi_co_pread(o->new_backing, ch->off, b_new, ch->len)) <
+               0) {
+        set_error(s, ret, EK_READ_NEW, ch->off);
+        return ret;
+    }
+    if (!wait_turn(s, ch)) {
+        return -1;
+    }
+    while (done < ch->len) {
+        if (diff_run(b_old + done, b_new + done, ch->len - done, &pnum)) {
+            uint64_t off = ch->off + done;
+            before_op(s, ch, off + pnum);
+            if (ch->old_zero) {
+                ret = bi_co_pwrite_zeroes(s->dst, off, pnum, 0);
+            } else {
+                ret = bi_co_pwrite(s->dst, off, b_old + done, pnum, 0);
+            }
+            if (ret < 0) {
+                set_error(s, ret, EK_WRITE, off);
+                return ret;
+            }
+        }
+        done += pnum;
+    }
+    return 0;
+}
+
+static int do_chunk(struct cv_state *s, struct chunk *ch, uint8_t *buf,
+                    uint8_t *buf2)
 {
     int ret = 0;
 
@@ -639,8 +880,21 @@ static int do_chunk(struct cv_state *s, struct chunk *ch, uint8_t *buf)
             return -1;
         }
         break;
+    case CK_DIFF:
+        ret = do_diff(s, ch, buf, buf2);
+        break;
+    case CK_DISCARD:
+        if (!wait_turn(s, ch)) {
+            return -1;
+        }
+        before_op(s, ch, ch->off + ch->len);
+        ret = bi_co_pdiscard(s->dst, ch->off, ch->len);
+        if (ret < 0) {
+            set_error(s, ret, EK_WRITE, ch->off);
+        }
+        break;
     case CK_ZERO:
-        if (!s->min_sparse) {
+        if (!s->min_sparse && s->o->mode == BI_COPY_CONVERT) {
             /* -S 0: fully allocated output; no need to read zeroes. */
             if (!wait_turn(s, ch)) {
                 return -1;
@@ -690,8 +944,30 @@ static int do_chunk(struct cv_state *s, struct chunk *ch, uint8_t *buf)
     return ret;
 }
 
+/* Whether a chunk counts in the progress total. */
+static bool chunk_counted(const struct cv_state *s, enum chunk_kind k)
+{
+    switch (s->o->mode) {
+    case BI_COPY_COMMIT:
+        return k != CK_BACKING; /* the commit job counts every dirty byte */
+    case BI_COPY_REBASE:
+        return k == CK_DIFF;
+    default:
+        return k == CK_DATA || (!s->min_sparse && k == CK_ZERO);
+    }
+}
+
+/* Whether a chunk's bytes count against the rate limit (data moved). */
+static bool chunk_rated(const struct cv_state *s, enum chunk_kind k)
+{
+    return s->o->mode == BI_COPY_CONVERT ? chunk_counted(s, k) : k == CK_DATA;
+}
+
 static void report(struct cv_state *s, uint64_t len, bool counted)
 {
+    if (counted && s->o->step) {
+        s->o->step(s->o->step_opaque);
+    }
     if (counted) {
         s->done += len;
         if (s->o->progress && s->alloc_total) {
@@ -705,10 +981,9 @@ static void report(struct cv_state *s, uint64_t len, bool counted)
  * printed percentages then match qemu-img's). */
 static void chunk_done(struct cv_state *s, const struct chunk *ch)
 {
-    bool counted =
-        ch->kind == CK_DATA || (!s->min_sparse && ch->kind == CK_ZERO);
+    bool counted = chunk_counted(s, ch->kind);
 
-    if (!s->o->progress) {
+    if (!s->o->progress && !s->o->step) {
         return;
     }
     if (s->o->out_of_order) {
@@ -780,25 +1055,33 @@ static void worker(void *opaque)
 {
     struct cv_state *s = opaque;
     uint8_t *buf = bi_alloc_aligned(s->mem_align, s->buf_size);
+    uint8_t *buf2 = NULL;
     struct chunk ch;
 
+    if (buf && s->o->mode == BI_COPY_REBASE) {
+        buf2 = bi_alloc_aligned(s->mem_align, s->buf_size);
+        if (!buf2) {
+            bi_free_aligned(buf);
+            buf = NULL;
+        }
+    }
     if (!buf) {
         set_error(s, -ENOMEM, EK_NONE, 0);
     }
     while (buf && take_chunk(s, &ch) == 0) {
-        if (s->rl_quota &&
-            (ch.kind == CK_DATA || (!s->min_sparse && ch.kind == CK_ZERO))) {
+        if (s->rl_quota && chunk_rated(s, ch.kind)) {
             uint64_t d = rate_delay(s, ch.len);
             if (d) {
                 bi_run_in_thread(sleep_fn, &d);
             }
         }
-        if (do_chunk(s, &ch, buf) < 0) {
+        if (do_chunk(s, &ch, buf, buf2) < 0) {
             break;
         }
         chunk_done(s, &ch);
     }
     bi_free_aligned(buf);
+    bi_free_aligned(buf2);
     if (--s->running == 0) {
         s->finished = true;
         bi_co_queue_wake_all(&s->done_q);
@@ -817,7 +1100,7 @@ static int count_allocated(struct cv_state *s)
             set_error(s, (int)n, EK_STATUS, c.pos);
             return (int)n;
         }
-        if (k == CK_DATA || (!s->min_sparse && k == CK_ZERO)) {
+        if (chunk_counted(s, k)) {
             s->alloc_total += (uint64_t)n;
         }
         c.pos += (uint64_t)n;
@@ -880,6 +1163,58 @@ static uint64_t node_cluster(bi_node *n)
     return c;
 }
 
+/* Commit and rebase: what they take and how they differ from convert. */
+static int setup_mode(struct cv_state *s, bi_error *err)
+{
+    const struct bi_convert_opts *o = s->o;
+
+    if (o->n_src != 1 || o->compress || o->copy_range ||
+        o->target_has_backing || o->target_is_zero) {
+        bi_error_set(err, EINVAL, "Invalid copy options");
+        return -EINVAL;
+    }
+    /* every byte the copy reads is written as read */
+    s->min_sparse = 0;
+    if (o->mode == BI_COPY_COMMIT) {
+        int64_t dlen = bi_getlength(o->dst);
+        if (dlen < 0 || (uint64_t)dlen < s->total) {
+            bi_error_set(err, EINVAL, "The base is shorter than the image");
+            return -EINVAL;
+        }
+        /* bdrv_get_default_bitmap_granularity() of the base */
+        s->tcluster = s->cluster;
+        s->gran = o->copy_granularity;
+        if (!s->gran) {
+            s->gran =
+                s->cluster ? BI_MIN(BI_MAX(s->cluster, 4096), 65536) : 65536;
+        }
+        return 0;
+    }
+    if (o->dst != o->src[0]) {
+        bi_error_set(err, EINVAL, "Invalid copy options");
+        return -EINVAL;
+    }
+    if (o->old_backing) {
+        int64_t l = bi_getlength(o->old_backing);
+        if (l < 0) {
+            bi_error_set(err, (int)-l, "Could not get size of '%s'",
+                         bi_node_filename(o->old_backing));
+            return (int)l;
+        }
+        s->old_size = (uint64_t)l;
+    }
+    if (o->new_backing) {
+        int64_t l = bi_getlength(o->new_backing);
+        if (l < 0) {
+            bi_error_set(err, (int)-l, "Could not get size of '%s'",
+                         bi_node_filename(o->new_backing));
+            return (int)l;
+        }
+        s->new_size = (uint64_t)l;
+    }
+    return 0;
+}
+
 int bi_convert(const struct bi_convert_opts *o, bi_error *err)
 {
     struct cv_state s;
@@ -922,6 +1257,12 @@ int bi_convert(const struct bi_convert_opts *o, bi_error *err)
 
     s.min_sparse = o->min_sparse;
     s.cluster = node_cluster(o->dst);
+    if (o->mode != BI_COPY_CONVERT) {
+        ret = setup_mode(&s, err);
+        if (ret < 0) {
+            goto out;
+        }
+    }
     s.buf_size = o->buf_size ? o->buf_size : DEFAULT_BUF;
     s.buf_size = BI_MIN(s.buf_size, MAX_BUF);
     if (o->compress) {
@@ -996,6 +1337,25 @@ int bi_convert(const struct bi_convert_opts *o, bi_error *err)
             s.eoff = s.total;
         }
     }
+    if (ret < 0 && o->mode == BI_COPY_REBASE) {
+        /* qemu-img rebase's messages */
+        switch (s.ekind) {
+        case EK_STATUS:
+            bi_error_set(err, -ret, "error while reading image metadata");
+            break;
+        case EK_READ_OLD:
+            bi_error_set(err, 0, "error while reading from old backing file");
+            break;
+        case EK_READ_NEW:
+            bi_error_set(err, 0, "error while reading from new backing file");
+            break;
+        case EK_WRITE:
+            bi_error_set(err, -ret, "Error while writing to COW image");
+            break;
+        default:
+            break;
+        }
+    }
     if (ret < 0) {
         switch (s.ekind) {
         case EK_STATUS:
@@ -1005,6 +1365,8 @@ int bi_convert(const struct bi_convert_opts *o, bi_error *err)
                          s.eoff);
             break;
         case EK_READ:
+        case EK_READ_OLD:
+        case EK_READ_NEW:
             bi_error_set(err, -ret, "error while reading at byte %" PRIu64,
                          s.eoff);
             break;

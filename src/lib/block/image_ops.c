@@ -38,6 +38,53 @@ int bi_change_backing_file(bi_node *n, const char *backing_file,
     return 0;
 }
 
+bi_node *bi_reopen_backing_rw(bi_node *n, bi_node **restored, bi_error *err)
+{
+    bi_node *parent = n->parent;
+    *restored = n;
+    if (!parent || parent->backing != n || n->drv->is_protocol) {
+        bi_error_set(err, EINVAL, "Could not reopen '%s'", n->filename);
+        return NULL;
+    }
+    if (!n->read_only)
+        return n;
+    char *filename = strdup(n->filename);
+    /* the driver's name outlives the node: the new node keeps a pointer */
+    const char *format = n->drv->name;
+    if (!filename) {
+        bi_error_set(err, ENOMEM, "Could not reopen '%s'", n->filename);
+        return NULL;
+    }
+    struct bi_open_opts o = n->opts;
+    o.format = format;
+    o.read_write = true;
+    o.quiet_probe = true;
+    o.driver_opts = NULL;
+    bi_error e;
+    bi_error_init(&e);
+    parent->backing = NULL;
+    bi_close(n, &e);
+    bi_node *nn = bi_open_node(filename, format, &o, &e);
+    if (!nn) {
+        bi_error_set(err, 0, "Could not reopen file: %s", e.msg);
+        o.read_write = false;
+        bi_error_init(&e);
+        nn = bi_open_node(filename, format, &o, &e);
+        *restored = nn;
+        if (nn) {
+            parent->backing = nn;
+            nn->parent = parent;
+        }
+        nn = NULL;
+    } else {
+        parent->backing = nn;
+        nn->parent = parent;
+        *restored = nn;
+    }
+    free(filename);
+    return nn;
+}
+
 static int make_empty_co(void *arg)
 {
     bi_node *n = arg;
