@@ -49,7 +49,7 @@ rm -f "$EMPTY"
 qemu-img create -q -f qcow2 "$EMPTY" 1T
 
 alloc=$(qemu-img info --output=json "$SRC_Q" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["actual-size"] >> 20)')
-note "source: $SRC_Q, $src_mib MiB virtual, $alloc MiB allocated; $BENCH_REPS run(s) each (median; -c: 1 run), caches dropped before each run"
+note "source: $SRC_Q, $src_mib MiB virtual, $alloc MiB allocated; $((BENCH_REPS * 2 - 1)) interleaved run(s) each (median; -c: 1 run), caches dropped before each run"
 
 # Cases: label | goal op | wall goal | cpu goal | source | source fmt | target fmt | convert options
 CASES=(
@@ -61,52 +61,73 @@ CASES=(
     "empty 1 TiB qcow2->raw|<=|1.0|-|$EMPTY|qcow2|raw|"
 )
 
-# one TOOL SRC SFMT TFMT OPTS: sets W C M (medians) and OK (verification)
-one() {
-    local tool=$1 src=$2 sfmt=$3 tfmt=$4 opts=$5
-    local ws=() cs=() ms=() i t reps=$BENCH_REPS
+# run1 TOOL SRC SFMT TFMT OPTS CHECK: one timed run; appends to WS CS MS,
+# sets OK on a failure (CHECK=1: verify the output with qemu-img).
+run1() {
+    local tool=$1 src=$2 sfmt=$3 tfmt=$4 opts=$5 check=$6 t w u s m
+    rm -f "$DST"
+    drop_caches
+    # shellcheck disable=SC2086
+    timed t "$tool" convert $opts -f "$sfmt" -O "$tfmt" "$src" "$DST"
+    if [ -z "$t" ]; then
+        OK="convert FAILED"
+        return
+    fi
+    read -r w u s m <<<"$t"
+    WS+=("$w")
+    CS+=("$(awk -v u="$u" -v s="$s" 'BEGIN{print u + s}')")
+    MS+=("$m")
+    if [ "$check" = 1 ]; then
+        if ! qemu-img compare -q -f "$sfmt" -F "$tfmt" "$src" "$DST" >/dev/null 2>&1; then
+            OK="qemu-img compare: DIFFERENT"
+        elif [ "$tfmt" = qcow2 ] && ! qemu-img check -q -f qcow2 "$DST" >/dev/null 2>&1; then
+            OK="qemu-img check FAILED"
+        fi
+    fi
+}
+
+# both SRC SFMT TFMT OPTS: blkimg and qemu-img interleaved (the order
+# alternates; the shared disk drifts too much for back-to-back series);
+# sets BW BC BM (blkimg medians, max RSS), QW QC QM, OK.
+both() {
+    local src=$1 sfmt=$2 tfmt=$3 opts=$4 i reps=$((BENCH_REPS * 2 - 1))
+    local bw=() bc=() bm=() qw=() qc=() qm=()
     # Compression is CPU-bound and steady: one run keeps the bench short.
     case "$opts" in *-c*) reps=1 ;; esac
     OK=ok
-    # shellcheck disable=SC2086
     for ((i = 0; i < reps; i++)); do
-        rm -f "$DST"
-        drop_caches
-        timed t "$tool" convert $opts -f "$sfmt" -O "$tfmt" "$src" "$DST"
-        if [ -z "$t" ]; then
-            OK="convert FAILED"
-            break
-        fi
-        read -r w u s m <<<"$t"
-        ws+=("$w")
-        cs+=("$(awk -v u="$u" -v s="$s" 'BEGIN{print u + s}')")
-        ms+=("$m")
-        if [ "$i" -eq 0 ] && [ "$tool" != qemu-img ]; then
-            if ! qemu-img compare -q -f "$sfmt" -F "$tfmt" "$src" "$DST" >/dev/null 2>&1; then
-                OK="qemu-img compare: DIFFERENT"
-            elif [ "$tfmt" = qcow2 ] && ! qemu-img check -q -f qcow2 "$DST" >/dev/null 2>&1; then
-                OK="qemu-img check FAILED"
+        local order=("$BLKIMG" qemu-img)
+        ((i % 2)) && order=(qemu-img "$BLKIMG")
+        for tool in "${order[@]}"; do
+            WS=() CS=() MS=()
+            run1 "$tool" "$src" "$sfmt" "$tfmt" "$opts" \
+                "$([ "$i" -eq 0 ] && [ "$tool" != qemu-img ] && echo 1)"
+            [ ${#WS[@]} -gt 0 ] || continue
+            if [ "$tool" = qemu-img ]; then
+                qw+=("${WS[0]}") qc+=("${CS[0]}") qm+=("${MS[0]}")
+            else
+                bw+=("${WS[0]}") bc+=("${CS[0]}") bm+=("${MS[0]}")
             fi
-        fi
+        done
     done
     rm -f "$DST"
-    if [ ${#ws[@]} -eq 0 ]; then
-        W="-"; C="-"; M="-"
-        return
+    BW=- BC=- BM=- QW=- QC=- QM=-
+    if [ ${#bw[@]} -gt 0 ]; then
+        BW=$(median "${bw[@]}") BC=$(median "${bc[@]}")
+        BM=$(awk -v k="$(printf '%s\n' "${bm[@]}" | sort -g | tail -n 1)" 'BEGIN{printf "%.1f", k / 1024}')
     fi
-    W=$(median "${ws[@]}")
-    C=$(median "${cs[@]}")
-    M=$(awk -v k="$(printf '%s\n' "${ms[@]}" | sort -g | tail -n 1)" 'BEGIN{printf "%.1f", k / 1024}')
+    if [ ${#qw[@]} -gt 0 ]; then
+        QW=$(median "${qw[@]}") QC=$(median "${qc[@]}")
+        QM=$(awk -v k="$(printf '%s\n' "${qm[@]}" | sort -g | tail -n 1)" 'BEGIN{printf "%.1f", k / 1024}')
+    fi
 }
 
 printf '  %-30s | %8s %8s %6s | %8s %8s %6s | %8s %8s | %s\n' "case" "wall s" "qemu" "ratio" "cpu s" "qemu" "ratio" "RSS MiB" "qemu" "blkimg output"
 maxrss="0"
 for c in "${CASES[@]}"; do
     IFS='|' read -r label op wgoal cgoal src sfmt tfmt opts <<<"$c"
-    one "$BLKIMG" "$src" "$sfmt" "$tfmt" "$opts"
-    bw=$W bc=$C bm=$M bok=$OK
-    one qemu-img "$src" "$sfmt" "$tfmt" "$opts"
-    qw=$W qc=$C qm=$M
+    both "$src" "$sfmt" "$tfmt" "$opts"
+    bw=$BW bc=$BC bm=$BM bok=$OK qw=$QW qc=$QC qm=$QM
     rw=$(ratio "$bw" "$qw")
     rc=$(ratio "$bc" "$qc")
     printf '  %-30s | %8s %8s %6s | %8s %8s %6s | %8s %8s | %s\n' "$label" \
