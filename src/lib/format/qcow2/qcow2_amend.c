@@ -275,19 +275,110 @@ int qcow2_change_backing_file(bi_node *n, const char *backing_file,
 
 /* -------------------------------------------------------- make empty */
 
-/* Every cluster unallocated (entries zeroed, not zero clusters), the host
- * clusters freed: QEMU's make_empty through a full discard. */
-int qcow2_co_make_empty(bi_node *n)
+/* QEMU's make_completely_empty(): the image file is reset to a header, a
+ * one-cluster refcount table, one refcount block and an empty L1 table,
+ * and truncated after them. The dirty bit covers the steps in between. */
+static int make_completely_empty(bi_node *n, uint64_t l1_clusters)
 {
     qcow2_state *s = n->opaque;
-    if (s->read_only)
-        return -EACCES;
-    if (s->corrupt)
-        return -EIO;
+    uint64_t cs = s->cluster_size, *rt;
+    uint8_t f[20];
+    int64_t off;
+    int ret;
+
+    bi_co_mutex_lock(&s->lock);
+    ret = qc_before_write(n);
+    if (ret == 0)
+        ret = qc_flush_metadata(n);
+    if (ret < 0)
+        goto out;
+    qc_cache_drop_all(&s->l2_cache);
+    qc_cache_drop_all(&s->rb_cache);
+    if (!(s->incompat & QCOW2_INCOMPAT_DIRTY)) {
+        ret = qc_update_incompat(n, s->incompat | QCOW2_INCOMPAT_DIRTY);
+        if (ret < 0)
+            goto out;
+    }
+    /* from here until the refcounts are rebuilt the image is dirty */
+    ret = bi_co_pwrite_zeroes(n->file, s->l1_table_offset, l1_clusters * cs, 0);
+    if (ret < 0)
+        goto broken;
+    memset(s->l1_table, 0, (size_t)s->l1_alloc * 8);
+    ret = bi_co_pwrite_zeroes(n->file, cs, (2 + l1_clusters) * cs, 0);
+    if (ret < 0)
+        goto broken;
+    /* L1 table three clusters in, the refcount table in cluster 1, its
+     * first refcount block in cluster 2 */
+    uint64_t v = htobe64(3 * cs);
+    memcpy(f, &v, 8);
+    v = htobe64(cs);
+    memcpy(f + 8, &v, 8);
+    uint32_t one = htobe32(1);
+    memcpy(f + 16, &one, 4);
+    ret = qc_write_header_field(n, QH_L1_OFFSET, f, sizeof(f));
+    if (ret < 0)
+        goto broken;
+    s->l1_table_offset = 3 * cs;
+    rt = calloc(cs / 8, sizeof(uint64_t));
+    if (!rt) {
+        ret = -ENOMEM;
+        goto broken;
+    }
+    free(s->refcount_table);
+    s->refcount_table = rt;
+    s->refcount_table_offset = cs;
+    s->refcount_table_clusters = 1;
+    s->refcount_table_size = cs / 8;
+    v = htobe64(2 * cs);
+    ret = qc_write_header_field(n, cs, &v, 8);
+    if (ret < 0)
+        goto broken;
+    s->refcount_table[0] = 2 * cs;
+    s->free_cluster_index = 0;
+    s->free_byte_offset = 0;
+    off = qc_alloc_clusters(n, 3 + l1_clusters);
+    if (off != 0) {
+        ret = off < 0 ? (int)off : -EIO;
+        goto broken;
+    }
+    /* everything describes the file again: clean */
+    ret = qc_flush_metadata(n);
+    if (ret == 0)
+        ret = bi_co_flush(n->file);
+    if (ret == 0)
+        ret = qc_update_incompat(n, s->incompat & ~QCOW2_INCOMPAT_DIRTY);
+    if (ret < 0)
+        goto out;
+    s->marked_dirty = false;
+    bi_error err;
+    bi_error_init(&err);
+    ret = n->file->drv->co_truncate(n->file, (3 + l1_clusters) * cs, false,
+                                    BI_PREALLOC_OFF, &err);
+    if (ret == 0)
+        s->file_size = (3 + l1_clusters) * cs;
+    goto out;
+broken:
+    /* the in-memory refcounts no longer describe the file */
+    qc_signal_corruption(n, "Could not empty the image: %s", strerror(-ret));
+out:
+    bi_co_mutex_unlock(&s->lock);
+    return ret;
+}
+
+/* QEMU's full-discard fallback: every cluster unallocated (entries zeroed,
+ * not zero clusters); host clusters whose refcount drops to zero are
+ * discarded in the file (QEMU passes snapshot-type discards down). */
+static int make_empty_discard(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
     uint64_t span = 1ULL << (s->l2_bits + s->cluster_bits);
+    struct qcow2_free_range *freed = NULL;
+    int n_freed = 0;
     int ret;
     bi_co_mutex_lock(&s->lock);
     ret = qc_before_write(n);
+    if (ret == 0)
+        ret = qc_flush_metadata(n);
     for (uint32_t i = 0; ret == 0 && i < s->l1_size; i++) {
         if (!(s->l1_table[i] & L1E_OFFSET_MASK))
             continue;
@@ -314,12 +405,58 @@ int qcow2_co_make_empty(bi_node *n)
             qc_cache_mark_dirty(&s->l2_cache, table);
         qc_cache_put(&s->l2_cache, table);
     }
+    if (ret == 0 && s->n_pending_free) {
+        n_freed = s->n_pending_free;
+        freed = malloc(sizeof(*freed) * (size_t)n_freed);
+        if (freed)
+            memcpy(freed, s->pending_free, sizeof(*freed) * (size_t)n_freed);
+        else
+            n_freed = 0;
+    }
     if (ret == 0)
         ret = qc_flush_metadata(n);
+    for (int i = 0; ret == 0 && i < n_freed; i++) {
+        uint64_t c0 = freed[i].offset >> s->cluster_bits;
+        uint64_t c1 = (freed[i].offset + freed[i].len - 1) >> s->cluster_bits;
+        for (uint64_t c = c0; c <= c1; c++) {
+            uint64_t rc;
+            if (qc_get_refcount(n, c, &rc) == 0 && rc == 0)
+                bi_co_pdiscard(n->file, c << s->cluster_bits, s->cluster_size);
+        }
+    }
+    free(freed);
     bi_co_mutex_unlock(&s->lock);
     if (ret == 0)
         ret = bi_co_flush(n->file);
     return ret;
+}
+
+/* QEMU 7.2's qcow2_make_empty(): a v3 image without snapshots, bitmaps,
+ * LUKS or a data file whose L1 table fits beside the header in what one
+ * refcount block covers is reset and truncated; any other is emptied by
+ * discarding every cluster. */
+int qcow2_co_make_empty(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
+    if (s->read_only)
+        return -EACCES;
+    if (s->corrupt)
+        return -EIO;
+    uint64_t l1_clusters =
+        ((uint64_t)s->l1_size * 8 + s->cluster_size - 1) / s->cluster_size;
+    if (s->version >= 3 && s->nb_snapshots == 0 && s->nb_bitmaps == 0 &&
+        3 + l1_clusters <= (1ULL << s->rb_bits) && s->crypt_method != 2 &&
+        !qc_has_data_file(s)) {
+        int ret = make_completely_empty(n, l1_clusters);
+        if (ret < 0)
+            return ret;
+        /* QEMU's qcow2_mark_clean() rewrites the whole header */
+        bi_error err;
+        bi_error_init(&err);
+        return qcow2_change_backing_file(n, s->backing_file, s->backing_format,
+                                         &err);
+    }
+    return make_empty_discard(n);
 }
 
 /* ------------------------------------------------------------ amend */
