@@ -162,7 +162,10 @@ static int clear_autoclear(bi_node *n, uint64_t keep)
 int qc_before_write(bi_node *n)
 {
     qcow2_state *s = n->opaque;
-    return clear_autoclear(n, s->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW);
+    uint64_t keep = QCOW2_AUTOCLEAR_DATA_FILE_RAW;
+    if (qc_bitmaps_kept(s))
+        keep |= QCOW2_AUTOCLEAR_BITMAPS; /* qcow2_bitmap.c keeps them */
+    return clear_autoclear(n, s->autoclear & keep);
 }
 
 int qc_before_meta_write(bi_node *n)
@@ -652,6 +655,9 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
         goto out;
     /* persistent bitmaps: only a consistent extension counts */
     if (s->has_bitmaps && (s->autoclear & QCOW2_AUTOCLEAR_BITMAPS)) {
+        ret = qc_bitmaps_open(n, !n->read_only && !check_mode, err);
+        if (ret < 0)
+            goto out;
         ret = qc_read_bitmaps(n, err);
         if (ret < 0)
             goto out;
@@ -750,6 +756,8 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
         /* Unknown autoclear bits and the bitmaps bit (we do not keep
          * bitmaps up to date) are cleared before the first write. */
         uint64_t keep = s->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW;
+        if (qc_bitmaps_kept(s))
+            keep |= s->autoclear & QCOW2_AUTOCLEAR_BITMAPS;
         s->autoclear_pending = s->version >= 3 && keep != s->autoclear;
     }
     ret = 0;
@@ -773,6 +781,7 @@ static void qcow2_free_state(bi_node *n)
     s->refcount_table = NULL;
     qc_free_snapshots(s);
     qc_free_bitmaps(s);
+    qc_bitmaps_free(s);
     free(s->backing_file);
     free(s->backing_format);
     free(s->data_file_name);
@@ -812,6 +821,8 @@ static int close_co(void *arg)
     int ret = qc_flush_metadata(n);
     if (ret == 0)
         ret = bi_co_flush(n->file);
+    if (ret == 0)
+        ret = qc_bitmaps_store(n);
     /* everything is on disk: a lazy-refcounts image is clean again */
     if (ret == 0 && (s->incompat & QCOW2_INCOMPAT_DIRTY) && s->marked_dirty)
         ret = qc_update_incompat(n, s->incompat & ~QCOW2_INCOMPAT_DIRTY);

@@ -7,7 +7,8 @@
  * qcow2_refcount.c (refcounts and cluster allocation), qcow2_cache.c
  * (metadata table cache), qcow2_compress.c (zlib/zstd clusters),
  * qcow2_create.c (image creation), qcow2_snapshot.c (snapshot table),
- * qcow2_check.c (consistency check and repair).
+ * qcow2_check.c (consistency check and repair), qcow2_bitmap.c (persistent
+ * dirty bitmaps kept up to date).
  *
  * Locking: every request runs in a coroutine of one thread. s->lock (a
  * coroutine mutex) is held while metadata is looked up or changed; data
@@ -216,6 +217,7 @@ typedef struct qcow2_state {
     uint64_t bitmap_dir_size, bitmap_dir_offset;
     struct qcow2_bitmap *bitmaps;
     bool autoclear_pending; /* unknown/bitmap bits to clear on 1st write */
+    struct qc_bm_state *bm_state; /* qcow2_bitmap.c: bitmaps kept (rw) */
 
     struct qcow2_feature_name *features;
     int n_features;
@@ -361,6 +363,21 @@ int qc_before_meta_write(bi_node *n);
 int qc_snapshot_create(bi_node *n, const char *name, bi_error *err);
 int qc_snapshot_apply(bi_node *n, const char *name, bi_error *err);
 int qc_snapshot_delete(bi_node *n, const char *name, bi_error *err);
+
+/* ---- persistent dirty bitmaps (qcow2_bitmap.c) ---- */
+/* Validates the bitmaps of a consistent extension (one error for a damaged
+ * directory); track: keep them up to date (read-write opens). */
+int qc_bitmaps_open(bi_node *n, bool track, bi_error *err);
+/* The bitmaps are kept: their autoclear bit is not cleared on writes. */
+bool qc_bitmaps_kept(const qcow2_state *s);
+/* A guest change of [off, off+len) (lock held, before the change). */
+int qc_bitmaps_mark(bi_node *n, uint64_t off, uint64_t len);
+/* Resize (lock held): fails on in-use bitmaps as QEMU, then done. */
+int qc_bitmaps_truncate_begin(bi_node *n, uint64_t size, bi_error *err);
+void qc_bitmaps_truncate_done(bi_node *n, uint64_t size);
+/* Close (lock held, metadata flushed): stores the bitmaps in use. */
+int qc_bitmaps_store(bi_node *n);
+void qc_bitmaps_free(qcow2_state *s);
 
 /* ---- create (qcow2_create.c) ---- */
 int qcow2_create(const char *filename, const struct bi_create_opts *o,

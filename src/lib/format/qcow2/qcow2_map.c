@@ -833,6 +833,8 @@ int qcow2_co_map(bi_node *n, uint64_t off, uint64_t len, unsigned flags,
     int ret = qc_before_write(n);
     if (ret == 0)
         ret = map_write_locked(n, off, len, ext);
+    if (ret == 0)
+        ret = qc_bitmaps_mark(n, off, ext->len); /* before the data */
     bi_co_mutex_unlock(&s->lock);
     return ret;
 }
@@ -1106,6 +1108,8 @@ int qcow2_co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags)
     bi_co_mutex_lock(&s->lock);
     ret = qc_before_write(n);
     if (ret == 0)
+        ret = qc_bitmaps_mark(n, off, len);
+    if (ret == 0)
         ret = zero_units_locked(n, a, b - a, (flags & BI_REQ_MAY_UNMAP) != 0,
                                 false);
     if (ret == 0 &&
@@ -1136,10 +1140,14 @@ int qcow2_co_pdiscard(bi_node *n, uint64_t off, uint64_t len)
     uint64_t b = bi_align_down(off + len, s->cluster_size);
     if (off + len == n->size)
         b = bi_align_up(off + len, s->cluster_size);
-    if (a >= b)
-        return 0; /* partial clusters are not discarded, as in QEMU */
     bi_co_mutex_lock(&s->lock);
     int ret = qc_before_write(n);
+    if (ret == 0) /* QEMU marks the whole request, even partial clusters */
+        ret = qc_bitmaps_mark(n, off, len);
+    if (ret == 0 && a >= b) {
+        bi_co_mutex_unlock(&s->lock);
+        return 0; /* partial clusters are not discarded, as in QEMU */
+    }
     if (ret == 0)
         ret = zero_units_locked(n, a, b - a, true, true);
     if (ret == -ENOTSUP)
@@ -1204,6 +1212,8 @@ int qcow2_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
 
     bi_co_mutex_lock(&s->lock);
     ret = qc_before_write(n);
+    if (ret == 0)
+        ret = qc_bitmaps_mark(n, off, len);
     int64_t host = ret < 0 ? ret : qc_alloc_bytes(n, csize);
     if (host < 0) {
         ret = (int)host;
@@ -1371,6 +1381,9 @@ int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
     ret = qc_before_write(n);
     if (ret < 0)
         goto out;
+    ret = qc_bitmaps_truncate_begin(n, size, err); /* QEMU's bitmap rules */
+    if (ret < 0)
+        goto out;
     if (size < n->size) {
         /* drop every cluster wholly past the new end */
         uint64_t a = bi_align_up(size, s->cluster_size);
@@ -1423,6 +1436,7 @@ int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
     if (ret < 0)
         goto out;
     n->size = size;
+    qc_bitmaps_truncate_done(n, size);
 out:
     bi_co_mutex_unlock(&s->lock);
     bi_free_aligned(head);

@@ -508,6 +508,11 @@ int qc_snapshot_apply(bi_node *n, const char *name, bi_error *err)
 {
     qcow2_state *s = n->opaque;
     uint64_t *snl1 = NULL, *old = NULL;
+    if (qc_bitmaps_kept(s)) /* as QEMU: the bitmaps could not follow */
+        return serr(err, -EBUSY,
+                    "Could not apply snapshot '%s': Device has active "
+                    "dirty bitmaps",
+                    name);
     int ret = snapshots_supported(n, err, "apply", name);
     if (ret < 0)
         return ret;

@@ -1,0 +1,1022 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * qcow2 persistent dirty bitmaps kept up to date (qcow2 spec, "Bitmaps").
+ *
+ * Every open with a consistent bitmaps extension validates the bitmap
+ * directory and the tables of the bitmaps not in use with QEMU's limits;
+ * a damaged directory fails the open with one message (QEMU's text).
+ *
+ * Read-write opens (not check -r) keep the bitmaps: the extension's
+ * autoclear bit stays set and the enabled ("auto") bitmaps that are not
+ * in use are loaded into memory, one chunk per bitmap table entry
+ * (NULL: all zeros, BM_ONES: all ones, else one cluster of bits).
+ *
+ * Before the first guest change (write, zero write, discard, compressed
+ * write) the loaded bitmaps are marked in use in a new copy of the
+ * directory: new clusters, refcounts and data flushed, the header
+ * extension switched to it (flushed), then the old directory freed. Each
+ * guest change then sets the bits of the granules it touches.
+ *
+ * Close stores each bitmap marked in use by us: its non-zero chunks go to
+ * new data clusters, its new table to new clusters, refcounts flushed,
+ * then a new directory with IN_USE cleared is switched in as above, and
+ * last the old table and data clusters are freed. A crash before the
+ * switch leaves the bitmaps in use (inconsistent, as the spec asks) and
+ * leaks clusters only.
+ *
+ * Disabled bitmaps and bitmaps in use at open are not touched, except by
+ * a resize: it fails on an in-use bitmap (as QEMU does) and otherwise
+ * loads and resizes every bitmap, which are then stored at close.
+ */
+#include "qcow2.h"
+#include "util/util.h"
+
+#include <endian.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* QEMU's limits (block/qcow2-bitmap.c, block/qcow2.h) */
+#define BME_MAX_TABLE_SIZE 0x8000000u
+#define BME_MAX_PHYS_SIZE 0x20000000u
+#define BME_MIN_GRANULARITY_BITS 9
+#define BME_MAX_GRANULARITY_BITS 31
+#define BME_MAX_NAME_SIZE 1023
+#define BME_MAX_BITMAPS 65535
+#define BME_MAX_DIR_SIZE (1024u * BME_MAX_BITMAPS)
+#define BME_FLAG_IN_USE (1u << 0)
+#define BME_FLAG_AUTO (1u << 1)
+#define BME_RESERVED_FLAGS 0xfffffffcu
+#define BME_TE_RESERVED 0xff000000000001feULL
+#define BME_TE_OFFSET 0x00fffffffffffe00ULL
+#define BME_TE_ALL_ONES 1ULL
+#define BME_TYPE_DIRTY 1
+#define BME_ENTRY_HDR 24
+
+/* Our own bounds on what is held in memory (hostile images). */
+#define BM_MAX_TOTAL_ENTRIES (1ULL << 22)
+#define BM_MAX_MEM (1ULL << 30)
+
+static uint8_t bm_ones_marker;
+#define BM_ONES (&bm_ones_marker)
+
+struct qc_bm {
+    uint8_t **chunks; /* chunks_alloc entries, nchunks in use */
+    uint64_t chunks_alloc;
+    uint64_t nchunks;
+    uint64_t nbits;
+    uint32_t pos;      /* of the entry in the directory */
+    bool inconsistent; /* IN_USE at open: never touched */
+    bool loaded;       /* contents in memory */
+    bool tracking;     /* enabled: guest changes set bits */
+    bool in_use;       /* we marked it in use on disk: stored at close */
+};
+
+struct qc_bm_state {
+    struct qc_bm *bm; /* s->nb_bitmaps */
+    uint8_t *dir;     /* the directory as on disk */
+    uint64_t dir_size;
+    uint64_t mem;  /* bytes of chunks in memory */
+    bool keep;     /* the autoclear bit stays set */
+    bool tracking; /* some bitmap tracks guest changes */
+    bool begun;    /* tracking bitmaps marked in use */
+    bool failed;   /* an update failed: no more updates */
+};
+
+static uint16_t g16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return be16toh(v);
+}
+static uint32_t g32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return be32toh(v);
+}
+static uint64_t g64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return be64toh(v);
+}
+static void p32(uint8_t *p, uint32_t v)
+{
+    v = htobe32(v);
+    memcpy(p, &v, 4);
+}
+static void p64(uint8_t *p, uint64_t v)
+{
+    v = htobe64(v);
+    memcpy(p, &v, 8);
+}
+
+static int bm_err(bi_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int bm_err(bi_error *err, int code, const char *fmt, ...)
+{
+    char buf[1200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    bi_error_set(err, 0, "%s", buf);
+    if (err && err->code == 0)
+        err->code = code;
+    return code;
+}
+
+/* Bits a bitmap of granularity 2^gbits has for an image of size bytes,
+ * and the table entries (clusters of bits) they take. */
+static uint64_t bm_nbits(uint64_t size, unsigned gbits)
+{
+    return (size >> gbits) + ((size & ((1ULL << gbits) - 1)) != 0);
+}
+static uint64_t bm_nchunks(const qcow2_state *s, uint64_t nbits)
+{
+    uint64_t per = s->cluster_size * 8;
+    return nbits / per + (nbits % per != 0);
+}
+
+static const uint8_t *entry_at(const struct qc_bm_state *st, uint32_t i)
+{
+    return st->dir + st->bm[i].pos;
+}
+static const char *entry_name(const uint8_t *e, int *len)
+{
+    *len = g16(e + 18);
+    return (const char *)e + BME_ENTRY_HDR + g32(e + 20);
+}
+
+/* ------------------------------------------------------------ memory */
+
+static void free_chunks(struct qc_bm_state *st, struct qc_bm *b, uint64_t from,
+                        uint64_t cs)
+{
+    for (uint64_t c = from; c < b->chunks_alloc; c++) {
+        if (b->chunks[c] && b->chunks[c] != BM_ONES) {
+            bi_free_aligned(b->chunks[c]);
+            st->mem -= cs;
+        }
+        b->chunks[c] = NULL;
+    }
+}
+
+void qc_bitmaps_free(qcow2_state *s)
+{
+    struct qc_bm_state *st = s->bm_state;
+    if (!st)
+        return;
+    for (uint32_t i = 0; st->bm && i < s->nb_bitmaps; i++) {
+        if (st->bm[i].chunks)
+            free_chunks(st, &st->bm[i], 0, s->cluster_size);
+        free(st->bm[i].chunks);
+    }
+    free(st->bm);
+    free(st->dir);
+    free(st);
+    s->bm_state = NULL;
+}
+
+static int bm_reserve(struct qc_bm *b, uint64_t n)
+{
+    if (n <= b->chunks_alloc)
+        return 0;
+    uint8_t **c = realloc(b->chunks, n * sizeof(*c));
+    if (!c)
+        return -ENOMEM;
+    memset(c + b->chunks_alloc, 0, (n - b->chunks_alloc) * sizeof(*c));
+    b->chunks = c;
+    b->chunks_alloc = n;
+    return 0;
+}
+
+/* Zeroes the bits of chunk c at and past nbits (the tail must be zero). */
+static void clear_tail(const qcow2_state *s, struct qc_bm *b, uint64_t c)
+{
+    uint64_t per = s->cluster_size * 8;
+    uint64_t first = c * per;
+    if (!b->chunks[c] || b->chunks[c] == BM_ONES || b->nbits >= first + per)
+        return;
+    uint64_t keep = b->nbits > first ? b->nbits - first : 0;
+    uint8_t *p = b->chunks[c];
+    if (keep % 8)
+        p[keep / 8] &= (uint8_t)((1u << (keep % 8)) - 1);
+    uint64_t from = (keep + 7) / 8;
+    memset(p + from, 0, s->cluster_size - from);
+}
+
+static uint8_t *new_chunk(bi_node *n, struct qc_bm_state *st, uint8_t fill)
+{
+    qcow2_state *s = n->opaque;
+    if (st->mem + s->cluster_size > BM_MAX_MEM)
+        return NULL;
+    uint8_t *p = bi_blockalign(n->file, s->cluster_size);
+    if (!p)
+        return NULL;
+    memset(p, fill, s->cluster_size);
+    st->mem += s->cluster_size;
+    return p;
+}
+
+/* Sets bits [first, last] of a loaded bitmap. */
+static int set_bits(bi_node *n, struct qc_bm_state *st, struct qc_bm *b,
+                    uint64_t first, uint64_t last)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t per = s->cluster_size * 8;
+    while (first <= last) {
+        uint64_t c = first / per;
+        uint64_t cend = BI_MIN(last, c * per + per - 1);
+        if (b->chunks[c] != BM_ONES) {
+            if (!b->chunks[c]) {
+                b->chunks[c] = new_chunk(n, st, 0);
+                if (!b->chunks[c])
+                    return -ENOMEM;
+            }
+            uint8_t *p = b->chunks[c];
+            uint64_t a = first - c * per, z = cend - c * per + 1; /* [a,z) */
+            while (a < z && (a % 8)) {
+                p[a / 8] |= (uint8_t)(1u << (a % 8));
+                a++;
+            }
+            if (z - a >= 8) {
+                memset(p + a / 8, 0xff, (z - a) / 8);
+                a += (z - a) / 8 * 8;
+            }
+            while (a < z) {
+                p[a / 8] |= (uint8_t)(1u << (a % 8));
+                a++;
+            }
+        }
+        first = cend + 1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ loading */
+
+static int read_table(bi_node *n, const uint8_t *e, uint64_t **out)
+{
+    uint32_t size = g32(e + 8);
+    uint64_t *t = malloc((size_t)size * 8);
+    if (!t)
+        return -ENOMEM;
+    int ret = bi_co_pread(n->file, g64(e), t, (uint64_t)size * 8);
+    if (ret < 0) {
+        free(t);
+        return ret;
+    }
+    for (uint32_t i = 0; i < size; i++)
+        t[i] = be64toh(t[i]);
+    *out = t;
+    return 0;
+}
+
+/* Loads the contents of bitmap i (its table was validated at open). */
+static int load_bitmap(bi_node *n, uint32_t i, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    struct qc_bm_state *st = s->bm_state;
+    struct qc_bm *b = &st->bm[i];
+    const uint8_t *e = entry_at(st, i);
+    int nl;
+    const char *name = entry_name(e, &nl);
+    uint64_t *t = NULL;
+    int ret = read_table(n, e, &t);
+    if (ret == 0)
+        ret = bm_reserve(b, b->nchunks);
+    for (uint64_t c = 0; ret == 0 && c < b->nchunks; c++) {
+        uint64_t off = t[c] & BME_TE_OFFSET;
+        if (!off) {
+            b->chunks[c] = (t[c] & BME_TE_ALL_ONES) ? BM_ONES : NULL;
+            continue;
+        }
+        b->chunks[c] = new_chunk(n, st, 0);
+        if (!b->chunks[c]) {
+            ret = -ENOMEM;
+            break;
+        }
+        ret = bi_co_pread(n->file, off, b->chunks[c], s->cluster_size);
+        clear_tail(s, b, c);
+    }
+    free(t);
+    if (ret < 0) {
+        free_chunks(st, b, 0, s->cluster_size);
+        return bm_err(err, ret, "Could not read bitmap '%.*s' from image: %s",
+                      nl, name, strerror(-ret));
+    }
+    b->loaded = true;
+    return 0;
+}
+
+/* ---------------------------------------------------------- validation */
+
+struct range {
+    uint64_t a, b; /* [a, b) */
+    int what;      /* 0: metadata, 1: bitmap */
+};
+
+struct ranges {
+    struct range *r;
+    size_t n, alloc;
+};
+
+static int add_range(struct ranges *rs, uint64_t a, uint64_t len, int what)
+{
+    if (!len)
+        return 0;
+    if (rs->n == rs->alloc) {
+        size_t na = rs->alloc ? rs->alloc * 2 : 256;
+        struct range *r = realloc(rs->r, na * sizeof(*r));
+        if (!r)
+            return -ENOMEM;
+        rs->r = r;
+        rs->alloc = na;
+    }
+    rs->r[rs->n++] = (struct range){a, a + len, what};
+    return 0;
+}
+
+static int cmp_range(const void *x, const void *y)
+{
+    const struct range *a = x, *b = y;
+    return a->a < b->a ? -1 : a->a > b->a;
+}
+
+/* The metadata a bitmap cluster must not share (clusters we would free
+ * at close): header, active L1 and L2 tables, refcount table and blocks,
+ * snapshot table and L1 tables. */
+static int add_metadata(bi_node *n, struct ranges *rs)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t cs = s->cluster_size;
+    int ret = add_range(rs, 0, cs, 0);
+    if (ret == 0)
+        ret = add_range(rs, s->l1_table_offset,
+                        bi_align_up((uint64_t)s->l1_size * 8, cs), 0);
+    for (uint32_t i = 0; ret == 0 && i < s->l1_size; i++)
+        if (s->l1_table[i] & L1E_OFFSET_MASK)
+            ret = add_range(rs, s->l1_table[i] & L1E_OFFSET_MASK, cs, 0);
+    if (ret == 0)
+        ret = add_range(rs, s->refcount_table_offset,
+                        (uint64_t)s->refcount_table_clusters * cs, 0);
+    for (uint64_t i = 0; ret == 0 && i < s->refcount_table_size; i++)
+        if (s->refcount_table[i] & RTE_OFFSET_MASK)
+            ret = add_range(rs, s->refcount_table[i] & RTE_OFFSET_MASK, cs, 0);
+    if (ret == 0 && s->nb_snapshots)
+        ret = add_range(rs, s->snapshots_offset,
+                        bi_align_up(s->snapshots_size, cs), 0);
+    for (uint32_t i = 0; ret == 0 && i < s->nb_snapshots; i++)
+        ret = add_range(rs, s->snapshots[i].l1_table_offset,
+                        bi_align_up((uint64_t)s->snapshots[i].l1_size * 8, cs),
+                        0);
+    if (ret == 0)
+        ret = add_range(rs, s->bitmap_dir_offset,
+                        bi_align_up(s->bitmap_dir_size, cs), 1);
+    return ret;
+}
+
+/* A bitmap cluster overlapping metadata or another bitmap cluster. */
+static bool ranges_overlap(struct ranges *rs)
+{
+    qsort(rs->r, rs->n, sizeof(*rs->r), cmp_range);
+    for (size_t i = 1; i < rs->n; i++) {
+        const struct range *p = &rs->r[i - 1], *c = &rs->r[i];
+        if (c->a < p->b && (c->what || p->what))
+            return true;
+    }
+    return false;
+}
+
+static bool in_file(const qcow2_state *s, uint64_t off, uint64_t len)
+{
+    uint64_t end = bi_align_up(s->file_size, s->cluster_size);
+    return off <= end && len <= end - off;
+}
+
+/* The directory entries: QEMU's bitmap_list_load() and check_dir_entry()
+ * rules, plus unique names. */
+static int check_dir(bi_node *n, struct qc_bm_state *st, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t pos = 0, cnt = 0;
+    while (pos < st->dir_size) {
+        const uint8_t *e = st->dir + pos;
+        if (st->dir_size - pos < BME_ENTRY_HDR)
+            return bm_err(err, -EINVAL, "Broken bitmap directory");
+        if (++cnt > s->nb_bitmaps)
+            return bm_err(err, -EINVAL,
+                          "More bitmaps found than specified in header "
+                          "extension");
+        uint64_t len =
+            bi_align_up(BME_ENTRY_HDR + (uint64_t)g16(e + 18) + g32(e + 20), 8);
+        if (len > st->dir_size - pos)
+            return bm_err(err, -EINVAL, "Broken bitmap directory");
+        if (g32(e + 20))
+            return bm_err(err, -EINVAL, "Bitmap extra data is not supported");
+        uint64_t toff = g64(e);
+        uint32_t tsize = g32(e + 8), flags = g32(e + 12);
+        unsigned gbits = e[17];
+        int nl;
+        const char *name = entry_name(e, &nl);
+        bool bad =
+            tsize == 0 || toff == 0 || (toff & (s->cluster_size - 1)) ||
+            tsize > BME_MAX_TABLE_SIZE || gbits > BME_MAX_GRANULARITY_BITS ||
+            gbits < BME_MIN_GRANULARITY_BITS || (flags & BME_RESERVED_FLAGS) ||
+            nl > BME_MAX_NAME_SIZE || e[16] != BME_TYPE_DIRTY;
+        uint64_t phys = (uint64_t)tsize * s->cluster_size;
+        if (!bad && phys > BME_MAX_PHYS_SIZE)
+            bad = true;
+        /* not in use: the table must cover the image */
+        if (!bad && !(flags & BME_FLAG_IN_USE) &&
+            bm_nbits(n->size, gbits) > phys * 8)
+            bad = true;
+        if (bad)
+            return bm_err(err, -EINVAL,
+                          "Bitmap '%.*s' doesn't satisfy the constraints", nl,
+                          name);
+        if (memchr(name, 0, (size_t)nl))
+            return bm_err(err, -EINVAL, "Broken bitmap directory");
+        for (uint64_t j = 0; j < cnt - 1; j++) {
+            int ol;
+            const char *on = entry_name(entry_at(st, (uint32_t)j), &ol);
+            if (ol == nl && !memcmp(on, name, (size_t)nl))
+                return bm_err(err, -EINVAL, "Bitmap already exists: %.*s", nl,
+                              name);
+        }
+        st->bm[cnt - 1].pos = (uint32_t)pos;
+        pos += len;
+    }
+    if (cnt != s->nb_bitmaps)
+        return bm_err(err, -EINVAL,
+                      "Less bitmaps found than specified in header extension");
+    return 0;
+}
+
+/* The tables of the bitmaps not in use: entries as the spec asks, size as
+ * the image needs, clusters inside the file, nothing shared (rw only). */
+static int check_tables(bi_node *n, struct qc_bm_state *st, bool rw,
+                        bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    struct ranges rs = {0};
+    uint64_t total = 0;
+    int ret = rw ? add_metadata(n, &rs) : 0;
+    for (uint32_t i = 0; ret == 0 && i < s->nb_bitmaps; i++) {
+        struct qc_bm *b = &st->bm[i];
+        const uint8_t *e = entry_at(st, i);
+        int nl;
+        const char *name = entry_name(e, &nl);
+        uint32_t tsize = g32(e + 8);
+        b->inconsistent = (g32(e + 12) & BME_FLAG_IN_USE) != 0;
+        b->nbits = bm_nbits(n->size, e[17]);
+        b->nchunks = bm_nchunks(s, b->nbits);
+        if (b->inconsistent)
+            continue; /* QEMU reads nothing of those */
+        if (!in_file(s, g64(e), (uint64_t)tsize * 8)) {
+            ret = bm_err(err, -EINVAL,
+                         "Could not read bitmap_table table from image for "
+                         "bitmap '%.*s': %s",
+                         nl, name, strerror(EINVAL));
+            break;
+        }
+        total += tsize;
+        if (total > BM_MAX_TOTAL_ENTRIES) {
+            ret = bm_err(err, -EFBIG,
+                         "Bitmap '%.*s' is too big: the bitmaps of this "
+                         "image take more than %llu table entries",
+                         nl, name, (unsigned long long)BM_MAX_TOTAL_ENTRIES);
+            break;
+        }
+        uint64_t *t;
+        ret = read_table(n, e, &t);
+        if (ret < 0) {
+            bm_err(err, ret,
+                   "Could not read bitmap_table table from image for "
+                   "bitmap '%.*s': %s",
+                   nl, name, strerror(-ret));
+            break;
+        }
+        if (rw)
+            ret =
+                add_range(&rs, g64(e),
+                          bi_align_up((uint64_t)tsize * 8, s->cluster_size), 1);
+        for (uint32_t j = 0; ret == 0 && j < tsize; j++) {
+            uint64_t off = t[j] & BME_TE_OFFSET;
+            if ((t[j] & BME_TE_RESERVED) ||
+                (off &&
+                 ((t[j] & BME_TE_ALL_ONES) || (off & (s->cluster_size - 1)))) ||
+                (off && !in_file(s, off, s->cluster_size))) {
+                ret = bm_err(err, -EINVAL,
+                             "Could not read bitmap_table table from image "
+                             "for bitmap '%.*s': %s",
+                             nl, name, strerror(EINVAL));
+                break;
+            }
+            if (off && rw)
+                ret = add_range(&rs, off, s->cluster_size, 1);
+        }
+        free(t);
+        if (ret == 0 && tsize != b->nchunks)
+            ret = bm_err(err, -EINVAL,
+                         "Could not read bitmap '%.*s' from image: %s", nl,
+                         name, strerror(EINVAL));
+    }
+    if (ret == -ENOMEM && err && !err->msg[0])
+        bm_err(err, ret, "Could not load bitmaps: %s", strerror(ENOMEM));
+    if (ret == 0 && rw && ranges_overlap(&rs))
+        ret = bm_err(err, -EINVAL,
+                     "Bitmap clusters overlap other metadata or each other; "
+                     "run 'qemu-img check' on the image");
+    free(rs.r);
+    return ret;
+}
+
+int qc_bitmaps_open(bi_node *n, bool track, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    if (!s->has_bitmaps || !(s->autoclear & QCOW2_AUTOCLEAR_BITMAPS) ||
+        s->version < 3)
+        return 0;
+    if (s->nb_bitmaps == 0)
+        return bm_err(err, -EINVAL,
+                      "found bitmaps extension with zero bitmaps");
+    if (s->nb_bitmaps > BME_MAX_BITMAPS)
+        return bm_err(err, -EINVAL,
+                      "bitmaps_ext: Image has %" PRIu32
+                      " bitmaps, exceeding the QEMU supported maximum of %d",
+                      s->nb_bitmaps, BME_MAX_BITMAPS);
+    if (s->bitmap_dir_size == 0)
+        return bm_err(err, -EINVAL, "Requested bitmap directory size is zero");
+    if (s->bitmap_dir_size > BME_MAX_DIR_SIZE)
+        return bm_err(err, -EINVAL,
+                      "bitmaps_ext: bitmap directory size (%" PRIu64
+                      ") exceeds the maximum supported size (%u)",
+                      s->bitmap_dir_size, BME_MAX_DIR_SIZE);
+    if (s->bitmap_dir_offset & (s->cluster_size - 1))
+        return bm_err(err, -EINVAL,
+                      "bitmaps_ext: invalid bitmap directory offset");
+    if (!in_file(s, s->bitmap_dir_offset, s->bitmap_dir_size))
+        return bm_err(err, -EINVAL, "Failed to read bitmap directory: %s",
+                      strerror(EINVAL));
+
+    struct qc_bm_state *st = calloc(1, sizeof(*st));
+    if (!st)
+        return -ENOMEM;
+    s->bm_state = st;
+    st->dir_size = s->bitmap_dir_size;
+    st->dir = malloc(st->dir_size);
+    st->bm = calloc(s->nb_bitmaps, sizeof(*st->bm));
+    int ret = -ENOMEM;
+    if (!st->dir || !st->bm)
+        goto fail;
+    ret = bi_co_pread(n->file, s->bitmap_dir_offset, st->dir, st->dir_size);
+    if (ret < 0) {
+        bm_err(err, ret, "Failed to read bitmap directory: %s", strerror(-ret));
+        goto fail;
+    }
+    ret = check_dir(n, st, err);
+    if (ret == 0)
+        ret = check_tables(n, st, track, err);
+    if (ret < 0)
+        goto fail;
+    if (!track) {
+        qc_bitmaps_free(s); /* validated; nothing is kept */
+        return 0;
+    }
+    st->keep = true;
+    for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
+        struct qc_bm *b = &st->bm[i];
+        if (b->inconsistent || !(g32(entry_at(st, i) + 12) & BME_FLAG_AUTO))
+            continue;
+        ret = load_bitmap(n, i, err);
+        if (ret < 0)
+            goto fail;
+        b->tracking = true;
+        st->tracking = true;
+    }
+    return 0;
+fail:
+    qc_bitmaps_free(s);
+    return ret;
+}
+
+bool qc_bitmaps_kept(const qcow2_state *s)
+{
+    return s->bm_state && s->bm_state->keep;
+}
+
+/* ------------------------------------------------- directory updates */
+
+/* Points the bitmaps header extension at a new directory (flushed). */
+static int switch_ext(bi_node *n, uint64_t old_off, uint64_t new_off)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t cs = s->cluster_size;
+    uint8_t *h = bi_blockalign(n->file, cs);
+    if (!h)
+        return -ENOMEM;
+    int ret = bi_co_pread(n->file, 0, h, cs);
+    if (ret < 0)
+        goto out;
+    uint64_t end = cs, bo = g64(h + QH_BACKING_OFFSET);
+    if (bo && bo < cs)
+        end = bo;
+    ret = -EIO; /* the extension must be where the state says it is */
+    for (uint64_t off = s->header_length; off + 8 <= end;) {
+        uint32_t type = g32(h + off), len = g32(h + off + 4);
+        if (type == QCOW2_EXT_END || len > end - off - 8)
+            break;
+        if (type == QCOW2_EXT_BITMAPS) {
+            if (len >= 24 && g32(h + off + 8) == s->nb_bitmaps &&
+                g64(h + off + 16) == s->bitmap_dir_size &&
+                g64(h + off + 24) == old_off) {
+                uint8_t v[8];
+                p64(v, new_off);
+                ret = qc_write_header_field(n, off + 24, v, 8);
+            }
+            break;
+        }
+        off += 8 + bi_align_up(len, 8);
+    }
+out:
+    bi_free_aligned(h);
+    return ret;
+}
+
+/* Writes dir as the new directory (new clusters) and frees the old one. */
+static int switch_dir(bi_node *n, const uint8_t *dir)
+{
+    qcow2_state *s = n->opaque;
+    struct qc_bm_state *st = s->bm_state;
+    uint64_t cs = s->cluster_size;
+    uint64_t bytes = bi_align_up(st->dir_size, cs);
+    int64_t off = qc_alloc_clusters(n, bytes / cs);
+    if (off < 0)
+        return (int)off;
+    uint8_t *buf = bi_blockalign(n->file, bytes);
+    int ret = -ENOMEM;
+    if (buf) {
+        memset(buf, 0, bytes);
+        memcpy(buf, dir, st->dir_size);
+        ret = qc_check_overlap(n, 0, (uint64_t)off, bytes);
+        if (ret == 0)
+            ret = bi_co_pwrite(n->file, (uint64_t)off, buf, bytes, 0);
+        bi_free_aligned(buf);
+    }
+    /* the new clusters' refcounts before the header points at them */
+    if (ret == 0)
+        ret = qc_cache_writeback(n, &s->rb_cache);
+    if (ret == 0)
+        ret = bi_co_flush(n->file);
+    if (ret == 0)
+        ret = switch_ext(n, s->bitmap_dir_offset, (uint64_t)off);
+    if (ret < 0) {
+        qc_update_refcount(n, (uint64_t)off, bytes, -1);
+        return ret;
+    }
+    uint64_t old = s->bitmap_dir_offset;
+    s->bitmap_dir_offset = (uint64_t)off;
+    memcpy(st->dir, dir, st->dir_size);
+    return qc_update_refcount(n, old, bytes, -1);
+}
+
+/* Marks every loaded bitmap in use on disk (before it changes). */
+static int begin_in_use(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
+    struct qc_bm_state *st = s->bm_state;
+    uint8_t *dir = malloc(st->dir_size);
+    if (!dir)
+        return -ENOMEM;
+    memcpy(dir, st->dir, st->dir_size);
+    bool any = false;
+    for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
+        struct qc_bm *b = &st->bm[i];
+        if (!b->loaded || b->in_use)
+            continue;
+        uint8_t *e = dir + b->pos;
+        p32(e + 12, g32(e + 12) | BME_FLAG_IN_USE);
+        any = true;
+    }
+    int ret = any ? switch_dir(n, dir) : 0;
+    free(dir);
+    if (ret < 0) {
+        st->failed = true;
+        return ret;
+    }
+    for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
+        struct qc_bm *b = &st->bm[i];
+        if (b->loaded && !b->in_use) {
+            b->in_use = true;
+            if (s->bitmaps)
+                s->bitmaps[i].flags |= BME_FLAG_IN_USE;
+        }
+    }
+    return 0;
+}
+
+int qc_bitmaps_mark(bi_node *n, uint64_t off, uint64_t len)
+{
+    qcow2_state *s = n->opaque;
+    struct qc_bm_state *st = s->bm_state;
+    if (!st || !st->tracking || !len)
+        return 0;
+    if (st->failed)
+        return -EIO;
+    int ret;
+    if (!st->begun) {
+        ret = begin_in_use(n);
+        if (ret < 0)
+            return ret;
+        st->begun = true;
+    }
+    for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
+        struct qc_bm *b = &st->bm[i];
+        if (!b->tracking || !b->nbits)
+            continue;
+        unsigned g = entry_at(st, i)[17];
+        uint64_t first = off >> g;
+        uint64_t last = BI_MIN((off + len - 1) >> g, b->nbits - 1);
+        if (first > last)
+            continue;
+        ret = set_bits(n, st, b, first, last);
+        if (ret < 0)
+            return ret;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- resize */
+
+int qc_bitmaps_truncate_begin(bi_node *n, uint64_t size, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    struct qc_bm_state *st = s->bm_state;
+    if (!st || size == n->size)
+        return 0;
+    if (st->failed)
+        return bm_err(err, -EIO,
+                      "Bitmaps of this image could not be "
+                      "updated");
+    for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
+        if (!st->bm[i].inconsistent)
+            continue;
+        int nl;
+        const char *name = entry_name(entry_at(st, i), &nl);
+        return bm_err(err, -ENOTSUP,
+                      "Bitmap '%.*s' is inconsistent and cannot be used\n"
+                      "Try block-dirty-bitmap-remove to delete this bitmap "
+                      "from disk",
+                      nl, name);
+    }
+    int ret;
+    for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
+        struct qc_bm *b = &st->bm[i];
+        if (!b->loaded) {
+            ret = load_bitmap(n, i, err);
+            if (ret < 0)
+                return ret;
+        }
+        uint64_t nb = bm_nchunks(s, bm_nbits(size, entry_at(st, i)[17]));
+        if (nb > BME_MAX_TABLE_SIZE ||
+            nb * s->cluster_size > BME_MAX_PHYS_SIZE) {
+            int nl;
+            const char *name = entry_name(entry_at(st, i), &nl);
+            return bm_err(err, -EINVAL, "Bitmap '%.*s' is too big", nl, name);
+        }
+        if (bm_reserve(b, nb) < 0)
+            return bm_err(err, -ENOMEM, "Could not resize bitmaps: %s",
+                          strerror(ENOMEM));
+    }
+    ret = begin_in_use(n);
+    if (ret < 0)
+        return bm_err(err, ret, "Can't update bitmap directory: %s",
+                      strerror(-ret));
+    return 0;
+}
+
+void qc_bitmaps_truncate_done(bi_node *n, uint64_t size)
+{
+    qcow2_state *s = n->opaque;
+    struct qc_bm_state *st = s->bm_state;
+    uint64_t per = s->cluster_size * 8;
+    if (!st)
+        return;
+    for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
+        struct qc_bm *b = &st->bm[i];
+        if (!b->loaded)
+            continue;
+        /* a partial all-ones last chunk becomes real bits first: only
+         * its bits before the old end are ones */
+        uint64_t c = b->nchunks ? b->nchunks - 1 : 0;
+        if (b->nchunks && b->chunks[c] == BM_ONES && b->nbits < (c + 1) * per) {
+            uint8_t *p = new_chunk(n, st, 0xff);
+            if (!p) {
+                st->failed = true; /* left in use at close */
+                continue;
+            }
+            b->chunks[c] = p;
+            clear_tail(s, b, c);
+        }
+        uint64_t old = b->nchunks;
+        b->nbits = bm_nbits(size, entry_at(st, i)[17]);
+        b->nchunks = bm_nchunks(s, b->nbits);
+        /* shrinking drops the bits past the end; growing adds zeroes */
+        if (b->nchunks < old)
+            free_chunks(st, b, b->nchunks, s->cluster_size);
+        if (b->nchunks)
+            clear_tail(s, b, b->nchunks - 1);
+    }
+}
+
+/* --------------------------------------------------------------- close */
+
+static int write_cluster(bi_node *n, const void *buf, uint64_t *out)
+{
+    qcow2_state *s = n->opaque;
+    int64_t off = qc_alloc_clusters(n, 1);
+    if (off < 0)
+        return (int)off;
+    int ret = qc_check_overlap(n, 0, (uint64_t)off, s->cluster_size);
+    if (ret == 0)
+        ret = bi_co_pwrite(n->file, (uint64_t)off, buf, s->cluster_size, 0);
+    if (ret < 0) {
+        qc_update_refcount(n, (uint64_t)off, s->cluster_size, -1);
+        return ret;
+    }
+    *out = (uint64_t)off;
+    return 0;
+}
+
+static bool all_zero(const uint8_t *p, uint64_t len)
+{
+    return !p[0] && !memcmp(p, p + 1, len - 1);
+}
+
+static void free_table_clusters(bi_node *n, const uint64_t *t, uint64_t cnt,
+                                uint64_t toff)
+{
+    qcow2_state *s = n->opaque;
+    for (uint64_t j = 0; t && j < cnt; j++)
+        if (t[j] & BME_TE_OFFSET)
+            qc_update_refcount(n, t[j] & BME_TE_OFFSET, s->cluster_size, -1);
+    if (toff)
+        qc_update_refcount(n, toff, bi_align_up(cnt * 8, s->cluster_size), -1);
+}
+
+/* Writes bitmap b's chunks and table to new clusters. */
+static int store_one(bi_node *n, struct qc_bm *b, uint8_t *ones,
+                     uint64_t **table, uint64_t *toff)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t cs = s->cluster_size;
+    uint64_t tbytes = bi_align_up(b->nchunks * 8, cs);
+    uint64_t *t = bi_blockalign(n->file, tbytes);
+    if (!t)
+        return -ENOMEM;
+    memset(t, 0, tbytes);
+    *table = t;
+    *toff = 0;
+    int ret = 0;
+    for (uint64_t c = 0; ret == 0 && c < b->nchunks; c++) {
+        uint8_t *p = b->chunks[c];
+        if (p == BM_ONES) {
+            memset(ones, 0xff, cs);
+            uint64_t per = cs * 8, first = c * per;
+            if (b->nbits < first + per) {
+                uint64_t keep = b->nbits - first;
+                if (keep % 8)
+                    ones[keep / 8] = (uint8_t)((1u << (keep % 8)) - 1);
+                uint64_t from = (keep + 7) / 8;
+                memset(ones + from, 0, cs - from);
+            }
+            p = ones;
+        }
+        if (!p || all_zero(p, cs))
+            continue; /* zeroes: no cluster, as QEMU stores them */
+        ret = write_cluster(n, p, &t[c]);
+    }
+    if (ret == 0 && b->nchunks) {
+        int64_t off = qc_alloc_clusters(n, tbytes / cs);
+        if (off < 0) {
+            ret = (int)off;
+        } else {
+            *toff = (uint64_t)off;
+            for (uint64_t c = 0; c < b->nchunks; c++)
+                t[c] = htobe64(t[c]);
+            ret = qc_check_overlap(n, 0, (uint64_t)off, tbytes);
+            if (ret == 0)
+                ret = bi_co_pwrite(n->file, (uint64_t)off, t, tbytes, 0);
+            for (uint64_t c = 0; c < b->nchunks; c++)
+                t[c] = be64toh(t[c]);
+        }
+    }
+    return ret;
+}
+
+int qc_bitmaps_store(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
+    struct qc_bm_state *st = s->bm_state;
+    if (!st || st->failed)
+        return 0; /* nothing changed, or left in use (inconsistent) */
+    bool any = false;
+    for (uint32_t i = 0; i < s->nb_bitmaps; i++)
+        any |= st->bm[i].in_use;
+    if (!any)
+        return 0;
+    /* the header no longer has consistent bitmaps (amend downgraded it):
+     * the bitmaps are gone for every reader, nothing to store */
+    if (s->version < 3 || !(s->autoclear & QCOW2_AUTOCLEAR_BITMAPS) ||
+        s->corrupt)
+        return 0;
+    uint64_t cs = s->cluster_size;
+    uint32_t nb = s->nb_bitmaps;
+    uint64_t **tables = calloc(nb, sizeof(*tables));
+    uint64_t *toffs = calloc(nb, sizeof(*toffs));
+    uint8_t *ones = bi_blockalign(n->file, cs);
+    uint8_t *dir = malloc(st->dir_size);
+    uint64_t **old = calloc(nb, sizeof(*old));
+    uint64_t *ooffs = calloc(nb, sizeof(*ooffs));
+    uint32_t *osizes = calloc(nb, sizeof(*osizes));
+    int ret = -ENOMEM;
+    if (!tables || !toffs || !ones || !dir || !old || !ooffs || !osizes)
+        goto fail;
+    ret = 0;
+    for (uint32_t i = 0; ret == 0 && i < nb; i++) {
+        if (!st->bm[i].in_use)
+            continue;
+        ooffs[i] = g64(entry_at(st, i));
+        osizes[i] = g32(entry_at(st, i) + 8);
+        ret = read_table(n, entry_at(st, i), &old[i]);
+    }
+    for (uint32_t i = 0; ret == 0 && i < nb; i++)
+        if (st->bm[i].in_use)
+            ret = store_one(n, &st->bm[i], ones, &tables[i], &toffs[i]);
+    /* data, tables and their refcounts on disk before the directory */
+    if (ret == 0)
+        ret = qc_cache_writeback(n, &s->rb_cache);
+    if (ret == 0)
+        ret = bi_co_flush(n->file);
+    if (ret < 0)
+        goto fail;
+    memcpy(dir, st->dir, st->dir_size);
+    for (uint32_t i = 0; i < nb; i++) {
+        struct qc_bm *b = &st->bm[i];
+        if (!b->in_use)
+            continue;
+        uint8_t *e = dir + b->pos;
+        p64(e, toffs[i]);
+        p32(e + 8, (uint32_t)b->nchunks);
+        p32(e + 12, g32(e + 12) & ~BME_FLAG_IN_USE);
+    }
+    ret = switch_dir(n, dir);
+    if (ret < 0)
+        goto fail;
+    /* the old tables and data clusters are no longer referenced */
+    for (uint32_t i = 0; i < nb; i++) {
+        struct qc_bm *b = &st->bm[i];
+        if (!b->in_use)
+            continue;
+        const uint8_t *e = entry_at(st, i);
+        free_table_clusters(n, old[i], osizes[i], ooffs[i]);
+        if (s->bitmaps) {
+            s->bitmaps[i].table_offset = g64(e);
+            s->bitmaps[i].table_size = g32(e + 8);
+            s->bitmaps[i].flags = g32(e + 12);
+        }
+        b->in_use = false;
+    }
+    ret = qc_cache_writeback(n, &s->rb_cache);
+    if (ret == 0)
+        ret = bi_co_flush(n->file);
+    goto out;
+fail:
+    /* the directory still says in use: only the new clusters leak or are
+     * given back */
+    for (uint32_t i = 0; tables && i < nb; i++)
+        if (tables[i])
+            free_table_clusters(n, tables[i], st->bm[i].nchunks, toffs[i]);
+    st->failed = true;
+out:
+    for (uint32_t i = 0; i < nb; i++) {
+        if (tables)
+            bi_free_aligned(tables[i]);
+        if (old)
+            free(old[i]);
+    }
+    free(tables);
+    free(toffs);
+    free(old);
+    free(ooffs);
+    free(osizes);
+    free(dir);
+    bi_free_aligned(ones);
+    return ret;
+}
