@@ -753,8 +753,8 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
             if (ret < 0)
                 goto out;
         }
-        /* Unknown autoclear bits and the bitmaps bit (we do not keep
-         * bitmaps up to date) are cleared before the first write. */
+        /* Unknown autoclear bits are cleared before the first write, the
+         * bitmaps bit too unless qcow2_bitmap.c keeps the bitmaps. */
         uint64_t keep = s->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW;
         if (qc_bitmaps_kept(s))
             keep |= s->autoclear & QCOW2_AUTOCLEAR_BITMAPS;

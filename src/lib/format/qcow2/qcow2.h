@@ -153,7 +153,8 @@ struct qcow2_snapshot {
     uint32_t unknown_extra_len;
 };
 
-/* A persistent dirty bitmap (kept intact, not used). */
+/* A persistent dirty bitmap as listed in the directory (info, check);
+ * qcow2_bitmap.c keeps the contents up to date. */
 struct qcow2_bitmap {
     char *name;
     uint32_t flags;
