@@ -91,6 +91,11 @@ void tool_image_opts_free(struct tool_image_opts *io);
  * the cache mode in effect (--image-opts may change it). */
 bi_node *tool_open(struct tool_image *ti);
 
+/* qemu-img's print_block_option_help(): the creation options of FMT (merged
+ * with the file protocol's when FILENAME is given), as `-o help` lists
+ * them (img_create.c); returns the exit status. */
+int img_print_create_help(const char *filename, const char *fmt);
+
 /* blkimg's --help text (defined in blkimg.c; blkimg only); exits 0. */
 void img_help(void) __attribute__((noreturn));
 

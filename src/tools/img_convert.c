@@ -7,6 +7,7 @@
  */
 #include "blkimg/blkimg.h"
 #include "blkimg/convert.h"
+#include "common.h"
 #include "img.h"
 #include "util/util.h"
 
@@ -443,6 +444,10 @@ int img_convert(int argc, char **argv)
         cv_err("Cannot enable copy offloading when -S is used");
         goto out_noprog;
     }
+    if (skip_create && opts.n) {
+        cv_err("-o has no effect when skipping image creation");
+        goto out_noprog;
+    }
     if (target_is_zero && !skip_create) {
         cv_err("--target-is-zero requires use of -n flag");
         goto out_noprog;
@@ -453,6 +458,17 @@ int img_convert(int argc, char **argv)
     }
     n_src = argc - optind - 1;
     const char *out_filename = n_src >= 1 ? argv[argc - 1] : NULL;
+    for (int i = 0; i < opts.n; i++) {
+        if (!opts.v[i].value &&
+            (!strcmp(opts.v[i].key, "help") || !strcmp(opts.v[i].key, "?"))) {
+            if (!out_fmt) {
+                cv_err("Option help requires a format be specified");
+                goto out_noprog;
+            }
+            ret = img_print_create_help(out_filename, out_fmt);
+            goto out_noprog;
+        }
+    }
     if (n_src < 1) {
         cv_err("Must specify image file name");
         goto out_noprog;

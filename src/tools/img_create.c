@@ -75,7 +75,7 @@ static int cmp_desc(const void *a, const void *b)
 /* qemu-img's print_block_option_help(): the format's options, merged with
  * the protocol's when a filename is given (first definition wins), sorted
  * by name. */
-static int print_option_help(const char *filename, const char *fmt)
+int img_print_create_help(const char *filename, const char *fmt)
 {
     const struct create_opt_desc *lists[2] = {NULL, NULL};
     const struct create_opt_desc *all[64];
@@ -398,7 +398,7 @@ int img_create(int argc, char **argv)
 
     filename = optind < argc ? argv[optind] : NULL;
     if (options && has_help_option(options)) {
-        ret = print_option_help(filename, fmt);
+        ret = img_print_create_help(filename, fmt);
         goto out;
     }
     if (optind >= argc) {
