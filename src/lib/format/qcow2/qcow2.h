@@ -364,6 +364,9 @@ int qc_before_meta_write(bi_node *n);
 int qc_snapshot_create(bi_node *n, const char *name, bi_error *err);
 int qc_snapshot_apply(bi_node *n, const char *name, bi_error *err);
 int qc_snapshot_delete(bi_node *n, const char *name, bi_error *err);
+/* Writes the snapshot table anew (v3 extra data for every snapshot), the
+ * header switched to it (lock held). */
+int qc_rewrite_snapshot_table(bi_node *n);
 
 /* ---- persistent dirty bitmaps (qcow2_bitmap.c) ---- */
 /* Validates the bitmaps of a consistent extension (one error for a damaged

@@ -613,10 +613,9 @@ struct amend_co {
     bi_node *n;
     struct hdr_plan plan;
     int op; /* 0 header, 1 mark clean + header, 2 expand zero clusters,
-             * 3 refcount order */
+             * 3 refcount order, 4 snapshot table with v3 extra data */
     bi_amend_status_cb *cb;
     void *opaque;
-    bool snapshot_zero;      /* op 2: a snapshot has zero clusters */
     uint32_t refcount_order; /* op 3 */
     bi_error *err;           /* op 3 */
 };
@@ -651,120 +650,177 @@ static void helper_cb(void *opaque, int64_t off, int64_t work)
     h->cb(h->opaque, h->offset_done + off, cur + projected);
 }
 
-/* Does the L2 table at l2_off (read-only) hold zero clusters? */
-static int l2_has_zero(bi_node *n, uint64_t l2_off, bool *found)
+/* Expands the zero clusters of one L2 table (QEMU's
+ * expand_zero_clusters_in_l1 body): plain zero clusters become unallocated
+ * without a backing file, else new clusters of zeroes (their refcount that
+ * of the table, which may be shared); preallocated ones are zeroed in
+ * place. The table is changed where it is, shared or not, as QEMU does:
+ * zero clusters read the same through every table that shares them.
+ * Data first (flushed), then the refcounts, then the table. */
+static int expand_l2(bi_node *n, uint64_t *t_be, uint64_t l2_refcount,
+                     bool *dirty)
 {
     qcow2_state *s = n->opaque;
-    void *table;
-    *found = false;
-    int ret = qc_cache_get(n, &s->l2_cache, l2_off, false, &table);
-    if (ret < 0)
-        return ret;
-    for (uint64_t j = 0; j < s->l2_entries && !*found; j++) {
-        uint64_t e, b;
-        qc_get_l2(s, table, j, &e, &b);
-        *found = (e & QCOW_OFLAG_ZERO) && !(e & QCOW_OFLAG_COMPRESSED);
+    uint64_t cs = s->cluster_size;
+    bool backed = s->backing_file && s->backing_file[0];
+    bool wrote = false;
+    int ret = 0;
+    *dirty = false;
+    for (uint64_t j = 0; j < s->l2_entries && ret == 0; j++) {
+        uint64_t e = be64toh(t_be[j]);
+        if ((e & QCOW_OFLAG_COMPRESSED) || !(e & QCOW_OFLAG_ZERO))
+            continue;
+        uint64_t host = e & L2E_OFFSET_MASK;
+        if (!host) {
+            if (!backed) {
+                t_be[j] = 0;
+                *dirty = true;
+                continue;
+            }
+            int64_t off = qc_alloc_clusters(n, 1);
+            if (off < 0)
+                return (int)off;
+            host = (uint64_t)off;
+            if (l2_refcount > 1) {
+                ret =
+                    qc_update_refcount(n, host, cs, (int64_t)(l2_refcount - 1));
+                if (ret < 0) {
+                    qc_update_refcount(n, host, cs, -1);
+                    return ret;
+                }
+            }
+        }
+        if (qc_offset_into_cluster(s, host))
+            return qc_signal_corruption(n,
+                                        "Cluster allocation offset %#" PRIx64
+                                        " unaligned (L2 offset: %#" PRIx64
+                                        ", L2 index: %#" PRIx64 ")",
+                                        host, (uint64_t)0, j);
+        ret = qc_check_overlap(n, 0, host, cs);
+        if (ret == 0)
+            ret = bi_co_pwrite_zeroes(n->file, host, cs, 0);
+        if (ret < 0)
+            return ret;
+        wrote = true;
+        /* QEMU flags by the table's refcount alone; a preallocated cluster
+         * shared with a snapshot table would then be written in place
+         * later: only a cluster of refcount 1 is flagged (check clean) */
+        uint64_t crc = l2_refcount;
+        if (l2_refcount == 1 && (e & L2E_OFFSET_MASK)) {
+            ret = qc_get_refcount(n, host >> s->cluster_bits, &crc);
+            if (ret < 0)
+                return ret;
+        }
+        t_be[j] = htobe64(host | (crc == 1 ? QCOW_OFLAG_COPIED : 0));
+        *dirty = true;
     }
-    qc_cache_put(&s->l2_cache, table);
-    return 0;
+    if (wrote) {
+        ret = bi_co_flush(n->file);
+        if (ret == 0)
+            ret = qc_cache_writeback(n, &s->rb_cache);
+        if (ret == 0)
+            ret = bi_co_flush(n->file);
+    }
+    return ret;
 }
 
-/* QEMU's qcow2_expand_zero_clusters() for the active table: zero clusters
- * become unallocated (no backing file) or data clusters of zeroes. */
-static int expand_zero_locked(struct amend_co *a)
+/* Expands the zero clusters reachable from one L1 table (active: through
+ * the cache; a snapshot's: tables read and written directly). */
+static int expand_l1(struct amend_co *a, const uint64_t *l1, uint32_t l1_size,
+                     bool active, int64_t *visited, int64_t total)
 {
     bi_node *n = a->n;
     qcow2_state *s = n->opaque;
     uint64_t cs = s->cluster_size;
-    uint64_t span = 1ULL << (s->l2_bits + s->cluster_bits);
-    bool backed = s->backing_file && s->backing_file[0];
-    int64_t total = s->l1_size;
+    uint64_t *buf = NULL;
     int ret = 0;
+    if (!active) {
+        buf = bi_blockalign(n->file, cs);
+        if (!buf)
+            return -ENOMEM;
+    }
+    for (uint32_t i = 0; i < l1_size && ret == 0; i++) {
+        uint64_t l2_off = l1[i] & L1E_OFFSET_MASK;
+        if (l2_off) {
+            uint64_t rc;
+            bool dirty;
+            if (qc_offset_into_cluster(s, l2_off)) {
+                ret = qc_signal_corruption(
+                    n, "L2 table offset %#" PRIx64 " unaligned (L1 index: %#x)",
+                    l2_off, i);
+                break;
+            }
+            ret = qc_get_refcount(n, l2_off >> s->cluster_bits, &rc);
+            if (ret < 0)
+                break;
+            if (active) {
+                void *t;
+                ret = qc_cache_get(n, &s->l2_cache, l2_off, false, &t);
+                if (ret < 0)
+                    break;
+                ret = expand_l2(n, t, rc, &dirty);
+                if (dirty)
+                    qc_cache_mark_dirty(&s->l2_cache, t);
+                qc_cache_put(&s->l2_cache, t);
+            } else {
+                ret = bi_co_pread(n->file, l2_off, buf, cs);
+                if (ret == 0)
+                    ret = expand_l2(n, buf, rc, &dirty);
+                if (ret == 0 && dirty) {
+                    ret = qc_check_overlap(n, QC_OL_L2, l2_off, cs);
+                    if (ret == 0)
+                        ret = bi_co_pwrite(n->file, l2_off, buf, cs, 0);
+                }
+            }
+            if (ret < 0)
+                break;
+        }
+        (*visited)++;
+        if (a->cb)
+            a->cb(a->opaque, *visited, total);
+    }
+    bi_free_aligned(buf);
+    return ret;
+}
 
-    /* snapshot tables: only checked (zero clusters there: refused) */
+/* QEMU's qcow2_expand_zero_clusters(): the active table, then (with the
+ * L2 cache written and emptied, as snapshot tables may share its tables)
+ * every snapshot's. */
+static int expand_zero_locked(struct amend_co *a)
+{
+    bi_node *n = a->n;
+    qcow2_state *s = n->opaque;
+    int64_t total = s->l1_size, visited = 0;
+    int ret;
+
     for (uint32_t i = 0; i < s->nb_snapshots; i++)
         total += s->snapshots[i].l1_size;
+    ret = expand_l1(a, s->l1_table, s->l1_size, true, &visited, total);
+    if (ret == 0)
+        ret = qc_flush_metadata(n);
+    if (ret == 0)
+        ret = bi_co_flush(n->file);
+    if (ret < 0)
+        return ret;
+    qc_cache_drop_all(&s->l2_cache);
+
     for (uint32_t i = 0; i < s->nb_snapshots && ret == 0; i++) {
         struct qcow2_snapshot *sn = &s->snapshots[i];
         if (!sn->l1_size)
             continue;
+        if (qc_offset_into_cluster(s, sn->l1_table_offset) ||
+            (uint64_t)sn->l1_size > QCOW2_MAX_L1_BYTES / 8)
+            return -EFBIG;
         uint64_t *l1 = malloc((size_t)sn->l1_size * 8);
         if (!l1)
             return -ENOMEM;
         ret = bi_co_pread(n->file, sn->l1_table_offset, l1,
                           (uint64_t)sn->l1_size * 8);
-        for (uint32_t j = 0; ret == 0 && j < sn->l1_size; j++) {
-            uint64_t l2 = be64toh(l1[j]) & L1E_OFFSET_MASK;
-            bool found;
-            if (!l2)
-                continue;
-            ret = l2_has_zero(n, l2, &found);
-            if (ret == 0 && found) {
-                a->snapshot_zero = true;
-                ret = -ENOTSUP;
-            }
-        }
+        for (uint32_t j = 0; ret == 0 && j < sn->l1_size; j++)
+            l1[j] = be64toh(l1[j]);
+        if (ret == 0)
+            ret = expand_l1(a, l1, sn->l1_size, false, &visited, total);
         free(l1);
-    }
-    if (ret < 0)
-        return ret;
-
-    for (uint32_t i = 0; i < s->l1_size && ret == 0; i++) {
-        uint64_t l2_off = s->l1_table[i] & L1E_OFFSET_MASK;
-        bool found = false;
-        if (l2_off)
-            ret = l2_has_zero(n, l2_off, &found);
-        if (ret < 0)
-            break;
-        if (found) {
-            void *table;
-            uint64_t idx;
-            uint64_t base = (uint64_t)i * span;
-            ret = qc_get_l2_table(n, base, true, &table, &idx);
-            if (ret < 0)
-                break;
-            for (uint64_t j = 0; j < s->l2_entries && ret == 0; j++) {
-                uint64_t e, b, host;
-                qc_get_l2(s, table, j, &e, &b);
-                if (!(e & QCOW_OFLAG_ZERO) || (e & QCOW_OFLAG_COMPRESSED))
-                    continue;
-                host = e & L2E_OFFSET_MASK;
-                uint64_t ne;
-                if (host && (e & QCOW_OFLAG_COPIED)) {
-                    /* preallocated, ours alone: zero it in place */
-                    ret = qc_check_overlap(n, 0, host, cs);
-                    if (ret == 0)
-                        ret = bi_co_pwrite_zeroes(n->file, host, cs, 0);
-                    ne = e & ~QCOW_OFLAG_ZERO;
-                } else {
-                    if (host)
-                        qc_free_l2_entry_clusters(n, e);
-                    if (!backed) {
-                        ne = 0;
-                    } else {
-                        int64_t off = qc_alloc_clusters(n, 1);
-                        if (off < 0) {
-                            ret = (int)off;
-                            break;
-                        }
-                        ret = qc_check_overlap(n, 0, (uint64_t)off, cs);
-                        if (ret == 0)
-                            ret = bi_co_pwrite_zeroes(n->file, (uint64_t)off,
-                                                      cs, 0);
-                        ne = (uint64_t)off | QCOW_OFLAG_COPIED;
-                    }
-                }
-                if (ret < 0)
-                    break;
-                qc_set_l2(s, table, j, ne, 0);
-                qc_cache_mark_dirty(&s->l2_cache, table);
-            }
-            qc_cache_put(&s->l2_cache, table);
-            if (ret < 0)
-                break;
-        }
-        if (a->cb)
-            a->cb(a->opaque, (int64_t)i + 1, total);
     }
     if (ret == 0)
         ret = qc_flush_metadata(n);
@@ -793,7 +849,12 @@ static int amend_co_fn(void *arg)
             ret = qc_change_refcount_order(a->n, a->refcount_order, a->cb,
                                            a->opaque, a->err);
     }
-    if (ret == 0 && a->op != 2 && a->op != 3) {
+    if (ret == 0 && a->op == 4) {
+        ret = qc_before_meta_write(a->n);
+        if (ret == 0)
+            ret = qc_rewrite_snapshot_table(a->n);
+    }
+    if (ret == 0 && a->op < 2) {
         a->plan.incompat = s->incompat & a->plan.incompat;
         if (a->op == 1)
             a->plan.incompat &= ~QCOW2_INCOMPAT_DIRTY;
@@ -876,16 +937,20 @@ int qcow2_amend(bi_node *n, const char *const *options, bool force,
 
     if (new_version > old_version) {
         helper.cur_op = 1;
-        /* v3 needs every snapshot's 64-bit VM state size and disk size */
-        for (uint32_t i = 0; i < s->nb_snapshots; i++) {
-            if (s->snapshots[i].extra_data_size < 16) {
-                bi_error_set(err, 0,
-                             "Upgrading an image whose snapshots lack the "
-                             "v3 extra data is not supported");
-                return -ENOTSUP;
+        helper_cb(&helper, 0, 2);
+        /* v3 needs every snapshot's 64-bit VM state size and disk size:
+         * the table is written anew with them */
+        bool need_snap = false;
+        for (uint32_t i = 0; i < s->nb_snapshots; i++)
+            need_snap |= s->snapshots[i].extra_data_size < 16;
+        if (need_snap) {
+            struct amend_co a = {.n = n, .op = 4};
+            ret = bi_run_co(amend_co_fn, &a);
+            if (ret < 0) {
+                bi_error_set(err, -ret, "Failed to update the snapshot table");
+                return ret;
             }
         }
-        helper_cb(&helper, 0, 2);
         helper_cb(&helper, 1, 2);
         plan_from_state(s, &p);
         p.version = 3;
@@ -1022,14 +1087,7 @@ int qcow2_amend(bi_node *n, const char *const *options, bool force,
             .n = n, .op = 2, .cb = helper_cb, .opaque = &helper};
         ret = bi_run_co(amend_co_fn, &a);
         if (ret < 0) {
-            if (a.snapshot_zero)
-                bi_error_set(err, 0,
-                             "Failed to turn zero into data clusters: zero "
-                             "clusters in internal snapshots are not "
-                             "supported");
-            else
-                bi_error_set(err, -ret,
-                             "Failed to turn zero into data clusters");
+            bi_error_set(err, -ret, "Failed to turn zero into data clusters");
             return ret;
         }
         plan_from_state(s, &p);

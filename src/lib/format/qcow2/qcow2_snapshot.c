@@ -793,3 +793,13 @@ bad:
     return snap_err(err, -EINVAL,
                     "bitmaps_ext: Invalid bitmap directory entry");
 }
+
+int qc_rewrite_snapshot_table(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
+    int ret = write_snapshot_table(n, s->snapshots, s->nb_snapshots);
+    for (uint32_t i = 0; ret == 0 && i < s->nb_snapshots; i++)
+        s->snapshots[i].extra_data_size =
+            24 + s->snapshots[i].unknown_extra_len;
+    return ret;
+}
