@@ -625,3 +625,51 @@ def test_hostile_shared_clusters_refused_for_writing(run, qemu_img, blkimg,
     assert len(cp.stderr.strip().splitlines()) == 1, cp.stderr
     assert "overlap" in cp.stderr
     assert sha(img) == before
+
+
+def test_rebase_and_convert_mark_like_qemu(run, qemu_img, qemu_io, blkimg,
+                                           tmp_path):
+    """Safe rebase writes what differs into the image, convert -n writes an
+    existing target: the bitmaps record it as QEMU records it."""
+    old = str(tmp_path / "old.qcow2")
+    new = str(tmp_path / "new.qcow2")
+    for p, pat in ((old, 1), (new, 2)):
+        run(qemu_img, "create", "-q", "-f", "qcow2", p, "4M", check=True)
+        run(qemu_io, "-c", "write -P %d 0 1M" % pat, "-c",
+            "write -P 7 2M 64k", p, check=True)
+    top = str(tmp_path / "top.qcow2")
+    make_image(run, qemu_img, top, "4M", [("b0",), ("b1", "4k")],
+               backing=old)
+    run(qemu_io, "-c", "write -P 3 100k 10k", top, check=True)
+    q, m = pair(tmp_path, top)
+    run(qemu_img, "rebase", "-b", new, "-F", "qcow2", q, check=True)
+    run(blkimg, "rebase", "-b", new, "-F", "qcow2", m, check=True)
+    compare_images(run, qemu_img, q, m)
+
+    src = str(tmp_path / "src.raw")
+    with open(src, "wb") as f:
+        f.truncate(4 << 20)
+        f.seek(300 << 10)
+        f.write(b"\x05" * (200 << 10))
+        f.seek(3 << 20)
+        f.write(b"\x06" * 4096)
+    dst = str(tmp_path / "dst.qcow2")
+    make_image(run, qemu_img, dst, "4M", [("b0",), ("b1", "4k")])
+    run(qemu_io, "-c", "write -P 9 0 4M", dst, check=True)
+    q, m = pair(tmp_path, dst)
+    run(qemu_img, "convert", "-n", "-f", "raw", "-O", "qcow2", src, q,
+        check=True)
+    run(blkimg, "convert", "-n", "-f", "raw", "-O", "qcow2", src, m,
+        check=True)
+    compare_images(run, qemu_img, q, m)
+
+
+@pytest.mark.parametrize("cache", ["none", "writethrough", "unsafe"])
+def test_cache_modes(run, qemu_img, qemu_io, blkimg_io, tmp_path, cache):
+    src = str(tmp_path / "src.qcow2")
+    make_image(run, qemu_img, src, "4M", [("b0",), ("b1", "512")],
+               "cluster_size=4k")
+    q, m = pair(tmp_path, src)
+    session(run, qemu_io, q, BASIC)
+    session(run, blkimg_io, m, BASIC, extra=("-t", cache))
+    compare_images(run, qemu_img, q, m)
