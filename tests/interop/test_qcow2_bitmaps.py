@@ -673,3 +673,29 @@ def test_cache_modes(run, qemu_img, qemu_io, blkimg_io, tmp_path, cache):
     session(run, qemu_io, q, BASIC)
     session(run, blkimg_io, m, BASIC, extra=("-t", cache))
     compare_images(run, qemu_img, q, m)
+
+
+@pytest.mark.parametrize("resize", [None, "3M", "6M"])
+def test_all_ones_table_entries(run, qemu_img, qemu_io, blkimg, blkimg_io,
+                                tmp_path, resize):
+    """Table entries 1 (a cluster of ones, which QEMU reads but never
+    writes) are loaded, kept and stored as QEMU stores them."""
+    src = str(tmp_path / "src.qcow2")
+    # 512-byte clusters: 4096 bits per table entry, 4M / 512 = 8192 bits
+    make_image(run, qemu_img, src, "4M", [("b0", "512"), ("b1", "1k")],
+               "cluster_size=512")
+    b = read(src)
+    assert [e["table_size"] for e in dir_entries(b)] == [2, 1]
+    poke_table(src, 0, 1, 1)
+    poke_table(src, 1, 0, 1)
+    q, m = pair(tmp_path, src)
+    cmds = ["write 0 512", "write 3M 1k"]
+    session(run, qemu_io, q, cmds)
+    session(run, blkimg_io, m, cmds)
+    if resize:
+        args = ["resize", "--shrink"]
+        run(qemu_img, *args, q, resize, check=True)
+        cp = run(blkimg, *args, m, resize)
+        assert cp.returncode == 0, cp.stderr
+    s = compare_images(run, qemu_img, q, m)
+    assert len(s["b0"][3]) > 2000
