@@ -203,6 +203,9 @@ SCENARIOS = {
                          bitmaps=[("m%d" % i, "%dk" % (1 << (i % 6)))
                                   for i in range(12)],
                          sessions=[["write 0 1k", "write 1000k 300k"]]),
+    "lazy-refcounts": dict(size="4M", opts="lazy_refcounts=on",
+                           bitmaps=[("b0",), ("b1", "2k")],
+                           sessions=[BASIC, ["write 3M 4k"]]),
     "whole-image": dict(size="2M", opts="cluster_size=4k",
                         bitmaps=[("all", "512")],
                         sessions=[["write 0 2M"], ["write -z 0 2M"]]),
@@ -699,3 +702,21 @@ def test_all_ones_table_entries(run, qemu_img, qemu_io, blkimg, blkimg_io,
         assert cp.returncode == 0, cp.stderr
     s = compare_images(run, qemu_img, q, m)
     assert len(s["b0"][3]) > 2000
+
+
+@pytest.mark.parametrize("opt", ["compat=0.10", "lazy_refcounts=on",
+                                 "size=8M", "size=3M"])
+def test_amend_like_qemu(run, qemu_img, qemu_io, blkimg, tmp_path, opt):
+    src = str(tmp_path / "src.qcow2")
+    make_image(run, qemu_img, src, "4M", [("b0",), ("b1", "4k", True)])
+    run(qemu_io, "-c", "write 0 64k", "-c", "write 3M 5k", src, check=True)
+    q, m = pair(tmp_path, src)
+    for tool, img in ((qemu_img, q), (blkimg, m)):
+        cp = run(tool, "amend", "-o", opt, img)
+        assert cp.returncode == 0, cp.stderr
+    iq = run(qemu_img, "info", "--output=json", q, check=True)
+    im = run(qemu_img, "info", "--output=json", m, check=True)
+    assert json.loads(im.stdout)["format-specific"] == \
+        json.loads(iq.stdout)["format-specific"]
+    if opt != "compat=0.10":  # QEMU's downgrade leaks the bitmaps
+        compare_images(run, qemu_img, q, m)
