@@ -232,7 +232,14 @@ static int set_bits(bi_node *n, struct qc_bm_state *st, struct qc_bm *b,
     while (first <= last) {
         uint64_t c = first / per;
         uint64_t cend = BI_MIN(last, c * per + per - 1);
-        if (b->chunks[c] != BM_ONES) {
+        if (first == c * per && cend == c * per + per - 1) {
+            /* the whole chunk: all ones, no memory */
+            if (b->chunks[c] && b->chunks[c] != BM_ONES) {
+                bi_free_aligned(b->chunks[c]);
+                st->mem -= s->cluster_size;
+            }
+            b->chunks[c] = BM_ONES;
+        } else if (b->chunks[c] != BM_ONES) {
             if (!b->chunks[c]) {
                 b->chunks[c] = new_chunk(n, st, 0);
                 if (!b->chunks[c])
