@@ -281,6 +281,8 @@ struct bi_kv {
     enum bi_kv_type type;
     char str[512]; /* STR value, or a raw JSON value for BI_KV_JSON */
     int64_t num;   /* INT value; BOOL as 0/1 */
+    char *json;    /* BI_KV_JSON of any length (malloc'd, bi_info_free frees
+                    * it); when set it takes the place of str */
 };
 struct bi_snapshot_info {
     char id[128];

@@ -55,9 +55,9 @@ static struct qobj *specific_data(const struct bi_image_info *info)
             v = qobj_bool(kv->num != 0);
             break;
         case BI_KV_JSON:
-            v = qobj_from_json(kv->str);
+            v = qobj_from_json(kv->json ? kv->json : kv->str);
             if (!v) {
-                v = qobj_str(kv->str);
+                v = qobj_str(kv->json ? kv->json : kv->str);
             }
             break;
         }

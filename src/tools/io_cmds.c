@@ -1635,11 +1635,13 @@ static void dump_specific(const struct bi_image_info *info)
         case BI_KV_BOOL:
             printf("    %s: %s\n", kv->human_key, kv->num ? "true" : "false");
             break;
-        case BI_KV_JSON:
+        case BI_KV_JSON: {
+            const char *js = kv->json ? kv->json : kv->str;
             printf("    %s:%c", kv->human_key,
-                   json_is_composite(kv->str) ? '\n' : ' ');
-            dump_json_value(kv->str, 2);
+                   json_is_composite(js) ? '\n' : ' ');
+            dump_json_value(js, 2);
             break;
+        }
         }
     }
 }

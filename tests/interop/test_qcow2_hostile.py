@@ -99,10 +99,16 @@ def test_hostile(blkimg, blkimg_io, tmp_path, sanitized, idx):
             assert ("encrypted: yes" in cp.stdout or
                     '"encrypted": true' in cp.stdout), cp.stdout
         elif expect is not None:
+            if name == "crypt-luks" and cmd[1] == "info":
+                # info parses the LUKS header, which this image lacks
+                # (qemu-img info 7.2 crashes on it)
+                expect_here = "Missing CRYPTO header for crypt method 2"
+            else:
+                expect_here = expect
             assert cp.returncode == 1, (cmd, cp.stdout, cp.stderr)
             lines = cp.stderr.strip().splitlines()
             assert len(lines) == 1, cp.stderr
-            assert expect in lines[0], lines[0]
+            assert expect_here in lines[0], lines[0]
             assert cp.stdout == "", cp.stdout
         else:
             # either works or fails with a message, no stack of errors

@@ -246,6 +246,29 @@ static char *dup_str(const uint8_t *p, size_t len)
     return r;
 }
 
+/* The LUKS header the crypto extension points to, parsed for info. */
+static int read_luks_header(bi_node *n, qcow2_state *s, bi_error *err)
+{
+    uint8_t h[592];
+    if (!s->has_crypto_hdr)
+        return qerr(err, -EINVAL, "Missing CRYPTO header for crypt method 2");
+    if (s->crypto_hdr_offset & (s->cluster_size - 1) ||
+        s->crypto_hdr_length < sizeof(h) ||
+        s->crypto_hdr_offset > s->file_size ||
+        s->file_size - s->crypto_hdr_offset < sizeof(h))
+        return qerr(err, -EINVAL, "Invalid encryption header offset or length");
+    int ret = bi_co_pread(n->file, s->crypto_hdr_offset, h, sizeof(h));
+    if (ret < 0)
+        return qerr(err, ret, "Could not read encryption header: %s",
+                    strerror(-ret));
+    bi_error e;
+    bi_error_init(&e);
+    ret = qc_luks_info(h, sizeof(h), &s->luks_json, &e);
+    if (ret < 0)
+        return qerr(err, ret, "Could not open encryption header: %s", e.msg);
+    return 0;
+}
+
 static int parse_extensions(qcow2_state *s, const uint8_t *hdr, uint64_t start,
                             uint64_t end, bi_error *err)
 {
@@ -301,7 +324,15 @@ static int parse_extensions(qcow2_state *s, const uint8_t *hdr, uint64_t start,
             s->bitmap_dir_offset = rd64(d + 16);
             break;
         case QCOW2_EXT_CRYPTO:
-            break; /* encrypted images are refused anyway */
+            if (len != 16)
+                return qerr(err, -EINVAL,
+                            "CRYPTO header extension size %u, but "
+                            "expected size 16",
+                            len);
+            s->has_crypto_hdr = true;
+            s->crypto_hdr_offset = rd64(d);
+            s->crypto_hdr_length = rd64(d + 8);
+            break;
         case QCOW2_EXT_DATA_FILE:
             if (len > QCOW2_MAX_BACKING_NAME)
                 return qerr(err, -EINVAL, "Data file name too long");
@@ -471,14 +502,18 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
         goto out;
     }
     /* Encrypted images: no key handling here. A metadata-only open (info)
-     * shows AES ones as qemu-img info does (LUKS info would need the LUKS
-     * header parsed); anything touching data is refused. */
-    if (s->crypt_method &&
-        (!o->metadata_only || o->read_write || s->crypt_method != 1)) {
+     * shows them as qemu-img info does (LUKS: the header parsed); anything
+     * touching data is refused. */
+    if (s->crypt_method && (!o->metadata_only || o->read_write)) {
         ret =
             qerr(err, -ENOTSUP, "Encrypted qcow2 images (%s) are not supported",
                  s->crypt_method == 1 ? "aes" : "luks");
         goto out;
+    }
+    if (s->crypt_method == 2) {
+        ret = read_luks_header(n, s, err);
+        if (ret < 0)
+            goto out;
     }
 
     if (s->incompat & QCOW2_INCOMPAT_COMPRESSION) {
@@ -785,6 +820,8 @@ static void qcow2_free_state(bi_node *n)
     free(s->backing_file);
     free(s->backing_format);
     free(s->data_file_name);
+    free(s->luks_json);
+    s->luks_json = NULL;
     free(s->features);
     free(s->pending_free);
     s->backing_file = s->backing_format = s->data_file_name = NULL;
@@ -985,8 +1022,11 @@ static int qcow2_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
         snprintf(kv->json_key, sizeof(kv->json_key), "encrypt");
         snprintf(kv->human_key, sizeof(kv->human_key), "encrypt");
         kv->type = BI_KV_JSON;
-        snprintf(kv->str, sizeof(kv->str), "{\"format\": \"%s\"}",
-                 s->crypt_method == 1 ? "aes" : "luks");
+        if (s->luks_json)
+            kv->json = bi_xasprintf("%s", s->luks_json);
+        else
+            snprintf(kv->str, sizeof(kv->str), "{\"format\": \"%s\"}",
+                     s->crypt_method == 1 ? "aes" : "luks");
     }
     if (s->version >= 3) {
         if (s->data_file_name || qc_has_data_file(s)) {

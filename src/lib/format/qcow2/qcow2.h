@@ -201,6 +201,9 @@ typedef struct qcow2_state {
     uint32_t header_length;
     uint32_t compression_type;
     uint32_t crypt_method;
+    bool has_crypto_hdr; /* the "full disk encryption" header extension */
+    uint64_t crypto_hdr_offset, crypto_hdr_length;
+    char *luks_json; /* info's "encrypt" object of a LUKS image */
     uint64_t csize_shift, csize_mask, cluster_offset_mask;
 
     uint32_t nb_snapshots;
@@ -367,6 +370,11 @@ int qc_snapshot_delete(bi_node *n, const char *name, bi_error *err);
 /* Writes the snapshot table anew (v3 extra data for every snapshot), the
  * header switched to it (lock held). */
 int qc_rewrite_snapshot_table(bi_node *n);
+
+/* ---- LUKS header, for info only (qcow2_luks.c) ---- */
+/* Parses the LUKS1 header h (len bytes) into *json, qemu-img info's
+ * "encrypt" object (malloc'd). */
+int qc_luks_info(const uint8_t *h, size_t len, char **json, bi_error *err);
 
 /* ---- persistent dirty bitmaps (qcow2_bitmap.c) ---- */
 /* Validates the bitmaps of a consistent extension (one error for a damaged

@@ -1,0 +1,185 @@
+# SPDX-License-Identifier: MIT
+"""LUKS-encrypted qcow2 images made by qemu-img: `blkimg info` shows what
+qemu-img info shows (human and JSON, the LUKS header's ciphers, hashes and
+key slots) without any key; everything that would touch data is refused
+with one line and exit code 1; a damaged LUKS header is refused cleanly
+and the file is left unchanged."""
+import hashlib
+import json
+import shutil
+import subprocess
+
+import pytest
+
+pytestmark = pytest.mark.qemu
+
+SECRET = ["--object", "secret,id=s0,data=swordfish"]
+
+VARIANTS = [
+    "",
+    "encrypt.cipher-alg=aes-128,encrypt.cipher-mode=cbc,"
+    "encrypt.ivgen-alg=essiv,encrypt.ivgen-hash-alg=sha256",
+    "encrypt.cipher-alg=twofish-256,encrypt.hash-alg=sha512",
+    "encrypt.cipher-alg=cast5-128,encrypt.cipher-mode=ctr,"
+    "encrypt.ivgen-alg=plain,encrypt.hash-alg=sha1",
+]
+
+
+def _create(qemu_img, path, extra):
+    opts = "encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10"
+    if extra:
+        opts += "," + extra
+    # QEMU times its PBKDF2 iterations: on a loaded machine that can fail
+    # ("Unable to get accurate CPU usage"); try again
+    for _ in range(5):
+        cp = subprocess.run([qemu_img, "create", "-q", "-f", "qcow2"] +
+                            SECRET + ["-o", opts, str(path), "4M"],
+                            capture_output=True, text=True)
+        if cp.returncode == 0:
+            return
+    pytest.fail("qemu-img create failed: " + cp.stderr)
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    """LUKS qcow2 images made once (PBKDF2 costs time), copied per test."""
+    d = tmp_path_factory.mktemp("luks")
+    made = {}
+    for i, extra in enumerate(VARIANTS):
+        made[extra] = d / ("v%d.qcow2" % i)
+        _create(shutil.which("qemu-img") or "qemu-img", made[extra], extra)
+    return made
+
+
+def make(images, path, extra=""):
+    shutil.copyfile(images[extra], path)
+
+
+def sha(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+@pytest.mark.parametrize("extra", VARIANTS, ids=lambda v: v or "default")
+def test_info_matches_qemu(run, qemu_img, blkimg, images, tmp_path, extra):
+    img = tmp_path / "luks.qcow2"
+    make(images, img, extra)
+    for out in ([], ["--output=json"]):
+        q = run([qemu_img, "info"] + out + [img], check=True)
+        b = run([blkimg, "info"] + out + [img])
+        assert b.returncode == 0, b.stderr
+        assert b.stdout == q.stdout
+        assert b.stderr == ""
+    d = json.loads(b.stdout)
+    enc = d["format-specific"]["data"]["encrypt"]
+    assert d["encrypted"] is True and enc["format"] == "luks"
+    assert len(enc["slots"]) == 8 and enc["slots"][0]["active"] is True
+
+
+def test_info_second_keyslot_and_backing_chain(run, qemu_img, blkimg,
+                                               images, tmp_path):
+    img = tmp_path / "luks.qcow2"
+    make(images, img)
+    # a second active key slot, added by qemu-img amend
+    run([qemu_img, "amend"] + SECRET +
+        ["--object", "secret,id=s1,data=other", "--image-opts",
+         "driver=qcow2,file.filename=%s,encrypt.key-secret=s0" % img,
+         "-o", "encrypt.state=active,encrypt.new-secret=s1,"
+         "encrypt.iter-time=10,encrypt.keyslot=3"], check=True)
+    q = run([qemu_img, "info", "--output=json", img], check=True)
+    b = run([blkimg, "info", "--output=json", img])
+    assert b.returncode == 0, b.stderr
+    assert b.stdout == q.stdout
+    slots = json.loads(b.stdout)["format-specific"]["data"]["encrypt"]["slots"]
+    assert [s["active"] for s in slots] == [True, False, False, True,
+                                           False, False, False, False]
+    # an unencrypted overlay over the encrypted image: --backing-chain
+    top = tmp_path / "top.qcow2"
+    run([qemu_img, "create", "-q", "-f", "qcow2", "-u", "-b", img, "-F",
+         "qcow2", top, "4M"], check=True)
+    q = run([qemu_img, "info", "-U", "--backing-chain", top])
+    b = run([blkimg, "info", "-U", "--backing-chain", top])
+    assert (b.returncode, b.stdout) == (q.returncode, q.stdout)
+
+
+@pytest.mark.parametrize("cmd", [
+    ["map", "IMG"],
+    ["convert", "-O", "raw", "IMG", "OUT"],
+    ["compare", "IMG", "IMG"],
+    ["check", "IMG"],
+    ["resize", "IMG", "8M"],
+    ["snapshot", "-c", "s", "IMG"],
+    ["amend", "-o", "lazy_refcounts=on", "IMG"],
+], ids=lambda c: c[0])
+def test_data_access_refused(run, blkimg, images, tmp_path, cmd):
+    img = tmp_path / "luks.qcow2"
+    make(images, img)
+    before = sha(img)
+    out = tmp_path / "out.raw"
+    args = [str(img) if a == "IMG" else str(out) if a == "OUT" else a
+            for a in cmd]
+    b = run([blkimg] + args)
+    assert b.returncode in (1, 2) and b.returncode != 0
+    lines = b.stderr.strip().splitlines()
+    assert lines and "luks" in b.stderr and str(img) in b.stderr, b.stderr
+    assert sha(img) == before
+    assert not out.exists() or out.stat().st_size == 0
+
+
+def test_io_refused(run, blkimg_io, images, tmp_path):
+    img = tmp_path / "luks.qcow2"
+    make(images, img)
+    before = sha(img)
+    b = run([blkimg_io, "-c", "write 0 4k", img])
+    assert b.returncode == 1
+    assert "luks" in b.stderr
+    assert sha(img) == before
+
+
+@pytest.mark.parametrize("offset,data,what", [
+    (0, b"LUKX", "not in LUKS format"),
+    (6, b"\x00\x02", "Unsupported LUKS version 2"),
+    (40, b"xts\x00", "cipher mode"),
+    (40, b"gcm-plain64\x00", "Cipher mode 'gcm'"),
+    (72, b"whirl\x00", "Hash 'whirl'"),
+    (108, b"\x00\x00\x00\x07", "key size 7 bytes"),
+    (208, b"\x12\x34\x56\x78", "neither active nor inactive"),
+])
+def test_damaged_luks_header(run, qemu_img, blkimg, images, tmp_path, offset,
+                             data, what):
+    img = tmp_path / "luks.qcow2"
+    make(images, img)
+    info = json.loads(run([qemu_img, "info", "--output=json", img],
+                          check=True).stdout)
+    assert info["encrypted"]
+    # the crypto header extension: type 0x0537be77, then offset and length
+    with open(img, "rb") as f:
+        head = f.read(65536)
+    pos = head.index(bytes.fromhex("0537be77"))
+    hdr_off = int.from_bytes(head[pos + 8:pos + 16], "big")
+    with open(img, "r+b") as f:
+        f.seek(hdr_off + offset)
+        f.write(data)
+    before = sha(img)
+    b = run([blkimg, "info", img])
+    assert b.returncode == 1
+    assert b.stdout == ""
+    lines = b.stderr.strip().splitlines()
+    assert len(lines) == 1 and what in lines[0] and str(img) in lines[0]
+    assert sha(img) == before
+
+
+def test_crypto_extension_out_of_file(run, blkimg, images, tmp_path):
+    img = tmp_path / "luks.qcow2"
+    make(images, img)
+    with open(img, "rb") as f:
+        head = f.read(65536)
+    pos = head.index(bytes.fromhex("0537be77"))
+    with open(img, "r+b") as f:
+        f.seek(pos + 8)
+        f.write((1 << 50).to_bytes(8, "big"))
+    before = sha(img)
+    b = run([blkimg, "info", img])
+    assert b.returncode == 1 and b.stdout == ""
+    assert "encryption header" in b.stderr
+    assert sha(img) == before
