@@ -220,3 +220,21 @@ def test_info_map_bench_on_an_image_qemu_holds(qemu_img, blkimg, tmp_path):
                     mask=lambda s: s.split("Run completed")[0])
     finally:
         holder.communicate(b"quit\n", timeout=30)
+
+
+def test_info_many_bitmaps(qemu_img, blkimg, tmp_path):
+    """A bitmap list far longer than a fixed buffer shows whole, names
+    with quotes and backslashes escaped as qemu escapes them."""
+    img = tmp_path / "bm.qcow2"
+    qemu(qemu_img, "create", "-q", "-f", "qcow2", img, "64M")
+    for i in range(40):
+        qemu(qemu_img, "bitmap", "--add", img,
+             "bitmap-with-a-rather-long-name-number-%d" % i)
+    qemu(qemu_img, "bitmap", "--add", "--disable", "-g", "1M", img,
+         'quote"and\\back')
+    for extra in ([], ["--output=json"]):
+        cq, cb = compare(qemu_img, blkimg, ["info"] + extra + ["bm.qcow2"],
+                         cwd=tmp_path)
+    bitmaps = json.loads(cb.stdout)["format-specific"]["data"]["bitmaps"]
+    assert len(bitmaps) == 41
+    assert bitmaps[-1]["name"] == 'quote"and\\back'

@@ -948,48 +948,46 @@ static void kv_num(struct bi_image_info *info, const char *jk, const char *hk,
     kv->num = v;
 }
 
-/* "bitmaps": a JSON list of {flags, name, granularity} (left out if it
- * does not fit the info entry). */
+/* "bitmaps": a JSON list of {flags, name, granularity}, any length. */
 static void bitmaps_kv(const qcow2_state *s, struct bi_image_info *info)
 {
-    char js[sizeof(info->specific[0].str)];
-    size_t pos = 0;
-#define PUT(...)                                                               \
-    do {                                                                       \
-        int w_ = snprintf(js + pos, sizeof(js) - pos, __VA_ARGS__);            \
-        if (w_ < 0 || (size_t)w_ >= sizeof(js) - pos)                          \
-            return;                                                            \
-        pos += (size_t)w_;                                                     \
-    } while (0)
-    PUT("[");
-    for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
-        const struct qcow2_bitmap *bm = &s->bitmaps[i];
-        PUT("%s{\"flags\": [", i ? ", " : "");
-        if (bm->flags & 1)
-            PUT("\"in-use\"");
-        if (bm->flags & 2)
-            PUT("%s\"auto\"", (bm->flags & 1) ? ", " : "");
-        PUT("], \"name\": \"");
-        for (const char *c = bm->name; *c; c++) {
-            if (*c == '"' || *c == '\\')
-                PUT("\\%c", *c);
-            else if ((unsigned char)*c < 0x20)
-                PUT("\\u%04x", (unsigned char)*c);
-            else
-                PUT("%c", *c);
-        }
-        PUT("\", \"granularity\": %llu}", 1ULL << bm->granularity_bits);
-    }
-    PUT("]");
-#undef PUT
     if (info->n_specific >= (int)BI_ARRAY_SIZE(info->specific))
         return;
+    char *js = NULL;
+    size_t js_len = 0;
+    FILE *f = open_memstream(&js, &js_len);
+    if (!f)
+        return;
+    fputc('[', f);
+    for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
+        const struct qcow2_bitmap *bm = &s->bitmaps[i];
+        fprintf(f, "%s{\"flags\": [", i ? ", " : "");
+        if (bm->flags & 1)
+            fputs("\"in-use\"", f);
+        if (bm->flags & 2)
+            fprintf(f, "%s\"auto\"", (bm->flags & 1) ? ", " : "");
+        fputs("], \"name\": \"", f);
+        for (const char *c = bm->name; *c; c++) {
+            if (*c == '"' || *c == '\\')
+                fprintf(f, "\\%c", *c);
+            else if ((unsigned char)*c < 0x20)
+                fprintf(f, "\\u%04x", (unsigned char)*c);
+            else
+                fputc(*c, f);
+        }
+        fprintf(f, "\", \"granularity\": %llu}", 1ULL << bm->granularity_bits);
+    }
+    fputc(']', f);
+    if (fclose(f) != 0 || !js) {
+        free(js);
+        return;
+    }
     struct bi_kv *kv = &info->specific[info->n_specific++];
     memset(kv, 0, sizeof(*kv));
     snprintf(kv->json_key, sizeof(kv->json_key), "bitmaps");
     snprintf(kv->human_key, sizeof(kv->human_key), "bitmaps");
     kv->type = BI_KV_JSON;
-    memcpy(kv->str, js, pos + 1);
+    kv->json = js;
 }
 
 static int qcow2_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
