@@ -122,6 +122,10 @@ struct cv_state {
     uint64_t gran;               /* commit: dirty granularity */
     uint64_t tcluster;           /* commit: target cluster size (0: none) */
     uint64_t old_size, new_size; /* rebase: backing file sizes */
+    /* commit and rebase: for each image of src[0]'s chain (0 = src[0]),
+     * the guest bytes one L2 table maps (qcow2; 0 for other formats) */
+    uint64_t spans[64];
+    int n_spans;
 };
 
 void bi_convert_opts_init(struct bi_convert_opts *o)
@@ -303,12 +307,30 @@ static int64_t cursor_next(struct cv_state *s, struct cv_cursor *c,
 #define COMMIT_IO_MAX (1ULL * 1024 * 1024)   /* its largest copy */
 #define REBASE_STEP (2ULL * 1024 * 1024)     /* qemu-img's IO_BUF_SIZE */
 
+/* QEMU's qcow2 block status never reports past the L2 table (slice) it
+ * looked at, and the layers below only answer for what the layer above
+ * left: cuts n at the end of the L2 tables at pos of the images first ..
+ * first + depth of the chain. (Commit decides zero writes by these run
+ * lengths: the same cuts give the same allocation.) */
+static uint64_t span_cut(const struct cv_state *s, int first, int depth,
+                         uint64_t pos, uint64_t n)
+{
+    for (int d = first; d <= first + depth && d < s->n_spans; d++) {
+        if (s->spans[d]) {
+            n = BI_MIN(n, bi_align_up(pos + 1, s->spans[d]) - pos);
+        }
+    }
+    return n;
+}
+
 /* QEMU's bdrv_is_allocated_above(top, base, include_base=false): whether
  * [off, off + *pnum) is allocated in a layer above base. Zeroes a layer
  * reads past the end of its (shorter) backing file count as allocated in
- * that backing file, unless it is base. */
-static int allocated_above(bi_node *top, bi_node *base, uint64_t off,
-                           uint64_t len, bool *alloc, uint64_t *pnum)
+ * that backing file, unless it is base. top is image first of src[0]'s
+ * chain. */
+static int allocated_above(struct cv_state *s, int first, bi_node *top,
+                           bi_node *base, uint64_t off, uint64_t len,
+                           bool *alloc, uint64_t *pnum)
 {
     struct bi_status st;
     memset(&st, 0, sizeof(st));
@@ -317,6 +339,7 @@ static int allocated_above(bi_node *top, bi_node *base, uint64_t off,
         return ret;
     }
     *pnum = st.len == 0 || st.len > len ? len : st.len;
+    *pnum = span_cut(s, first, st.depth, off, *pnum);
     *alloc = (st.flags & BI_BS_ALLOCATED) != 0;
     if (!*alloc && (st.flags & BI_BS_ZERO)) {
         bi_node *cur = top;
@@ -353,26 +376,30 @@ static int64_t commit_next(struct cv_state *s, struct cv_cursor *c,
     int ret;
 
     if (pos >= c->dirty_end) {
-        uint64_t end = pos;
+        /* QEMU's dirty bitmap: a granule is dirty if anything in it is
+         * allocated above the base (no L2 cuts: they change nothing) */
+        uint64_t end = pos, p = pos;
         while (end < total && end - pos < COMMIT_RUN_MAX) {
-            ret = allocated_above(top, s->dst, end, total - end, &alloc, &n);
-            if (ret < 0) {
-                return ret;
+            uint64_t gend = BI_MIN(end + g, total);
+            alloc = false;
+            for (p = end; p < gend && !alloc; p += alloc ? 0 : n) {
+                ret = allocated_above(s, s->n_spans, top, s->dst, p, total - p,
+                                      &alloc, &n);
+                if (ret < 0) {
+                    return ret;
+                }
             }
             if (alloc) {
-                end = BI_MIN(bi_align_up(end + n, g), total);
+                end = BI_MIN(bi_align_up(p + n, g), total);
                 continue;
             }
-            /* end is on a granule: the granules wholly unallocated */
-            uint64_t clean = end + n >= total ? n : bi_align_down(n, g);
-            if (clean) {
-                if (end == pos) {
-                    *kind = CK_BACKING;
-                    return cursor_set(c, clean, CK_BACKING);
-                }
-                break;
+            if (end == pos) {
+                /* clean granules up to the end of the unallocated run */
+                n = p >= total ? total - pos : bi_align_down(p, g) - pos;
+                *kind = CK_BACKING;
+                return cursor_set(c, n, CK_BACKING);
             }
-            end = BI_MIN(end + g, total);
+            break;
         }
         c->dirty_end = BI_MIN(end, pos + COMMIT_RUN_MAX);
     }
@@ -385,6 +412,7 @@ static int64_t commit_next(struct cv_state *s, struct cv_cursor *c,
     }
     n = st.len == 0 || st.len > c->dirty_end - pos ? c->dirty_end - pos
                                                    : st.len;
+    n = span_cut(s, 0, st.depth, pos, n);
     bool data = (st.flags & BI_BS_DATA) != 0;
     if (data) {
         n = BI_MIN(n, COMMIT_IO_MAX);
@@ -421,13 +449,14 @@ static int64_t rebase_next(struct cv_state *s, struct cv_cursor *c,
     if (st.len && st.len < n) {
         n = st.len;
     }
+    n = span_cut(s, 0, 0, pos, n);
     *kind = CK_BACKING;
     if (st.flags & BI_BS_ALLOCATED) {
         return cursor_set(c, n, CK_BACKING);
     }
     if (o->rebase_prefix) {
-        ret = allocated_above(o->old_backing, o->rebase_prefix, pos, n, &alloc,
-                              &m);
+        ret = allocated_above(s, 1, o->old_backing, o->rebase_prefix, pos, n,
+                              &alloc, &m);
         if (ret < 0) {
             return ret;
         }
@@ -1175,6 +1204,27 @@ static int setup_mode(struct cv_state *s, bi_error *err)
     }
     /* every byte the copy reads is written as read */
     s->min_sparse = 0;
+    for (bi_node *n = o->src[0]; n && s->n_spans < (int)BI_ARRAY_SIZE(s->spans);
+         n = bi_node_backing(n)) {
+        struct bi_image_info info;
+        bi_error e;
+        uint64_t span = 0;
+        bi_error_init(&e);
+        memset(&info, 0, sizeof(info));
+        if (!strcmp(bi_node_format(n), "qcow2") &&
+            bi_get_info(n, &info, &e) == 0) {
+            uint64_t entry = 8;
+            for (int i = 0; i < info.n_specific; i++) {
+                if (!strcmp(info.specific[i].json_key, "extended-l2") &&
+                    info.specific[i].num) {
+                    entry = 16;
+                }
+            }
+            span = info.cluster_size / entry * info.cluster_size;
+            bi_info_free(&info);
+        }
+        s->spans[s->n_spans++] = span;
+    }
     if (o->mode == BI_COPY_COMMIT) {
         int64_t dlen = bi_getlength(o->dst);
         if (dlen < 0 || (uint64_t)dlen < s->total) {
