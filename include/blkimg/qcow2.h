@@ -54,6 +54,10 @@ BI_EXPORT int bi_snapshot_create(bi_node *node, const char *name,
 /* Reverts the image to the snapshot with that id or name. */
 BI_EXPORT int bi_snapshot_apply(bi_node *node, const char *name_or_id,
                                 bi_error *err);
+/* Makes a read-only image read the snapshot with that id and/or name (one
+ * may be NULL) until it is closed (qemu-img convert -l). */
+BI_EXPORT int bi_snapshot_load_tmp(bi_node *node, const char *id,
+                                   const char *name, bi_error *err);
 /* Deletes the snapshot with that id or name. */
 BI_EXPORT int bi_snapshot_delete(bi_node *node, const char *name_or_id,
                                  bi_error *err);

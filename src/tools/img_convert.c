@@ -7,6 +7,7 @@
  */
 #include "blkimg/blkimg.h"
 #include "blkimg/convert.h"
+#include "blkimg/qcow2.h"
 #include "common.h"
 #include "img.h"
 #include "util/util.h"
@@ -284,7 +285,9 @@ int img_convert(int argc, char **argv)
     /* qemu-img's default is 8; twice as many requests in flight (32 MiB of
      * buffers) keep a shared or networked disk busier: see bench 7. */
     int num_co = 16;
-    struct bi_optlist opts;
+    struct bi_optlist opts, sn_opts;
+    const char *snapshot_name = NULL;
+    bool have_sn_opts = false;
     char **optv = NULL;
     bi_node **src = NULL;
     bi_node *dst = NULL;
@@ -303,6 +306,7 @@ int img_convert(int argc, char **argv)
     mallopt(M_MMAP_THRESHOLD, 16 * 1024 * 1024);
 
     memset(&opts, 0, sizeof(opts));
+    memset(&sn_opts, 0, sizeof(sn_opts));
     optind = 1;
     opterr = 0;
     for (;;) {
@@ -352,8 +356,33 @@ int img_convert(int argc, char **argv)
             }
             break;
         case 'l':
-            cv_err("Snapshots are not supported by convert (-l)");
-            goto out_noprog;
+            /* "snapshot.id=ID,snapshot.name=NAME", or an id or name */
+            bi_optlist_free(&sn_opts);
+            snapshot_name = NULL;
+            if (!strncmp(optarg, "snapshot.", 9)) {
+                bool bad = bi_optlist_parse(&sn_opts, optarg) < 0;
+                for (int i = 0; !bad && i < sn_opts.n; i++) {
+                    const char *k = sn_opts.v[i].key;
+                    if (strcmp(k, "snapshot.id") &&
+                        strcmp(k, "snapshot.name")) {
+                        cv_err("Invalid parameter '%s'", k);
+                        bad = true;
+                    } else if (!sn_opts.v[i].value) {
+                        cv_err("warning: short-form boolean option '%s' "
+                               "deprecated",
+                               k);
+                        fprintf(stderr, "Please use %s=on instead\n", k);
+                    }
+                }
+                if (bad) {
+                    cv_err("Failed in parsing snapshot param '%s'", optarg);
+                    goto out_noprog;
+                }
+                have_sn_opts = true;
+            } else {
+                snapshot_name = optarg;
+            }
+            break;
         case 'S': {
             uint64_t v;
             if (bi_parse_size(optarg, &v) < 0 || v % 512 ||
@@ -498,6 +527,33 @@ int img_convert(int argc, char **argv)
             goto out;
         }
         total += (uint64_t)len;
+    }
+
+    if (n_src > 1 && (have_sn_opts || snapshot_name)) {
+        cv_err("No support for concatenating multiple snapshot");
+        goto out;
+    }
+    if (have_sn_opts || snapshot_name) {
+        bi_error serr;
+        int r;
+        bi_error_init(&serr);
+        if (have_sn_opts) {
+            r = bi_snapshot_load_tmp(
+                src[0], bi_optlist_get(&sn_opts, "snapshot.id"),
+                bi_optlist_get(&sn_opts, "snapshot.name"), &serr);
+        } else {
+            /* an id first, then a name (bdrv_snapshot_load_tmp_by_id_or_name)
+             */
+            r = bi_snapshot_load_tmp(src[0], snapshot_name, NULL, &serr);
+            if (r == -ENOENT) {
+                bi_error_init(&serr);
+                r = bi_snapshot_load_tmp(src[0], NULL, snapshot_name, &serr);
+            }
+        }
+        if (r < 0) {
+            cv_err("Failed to load snapshot: %s", serr.msg);
+            goto out;
+        }
     }
 
     if (out_fmt && bi_format_exists(out_fmt) < 0) {
@@ -703,5 +759,6 @@ out:
 out_noprog:
     cv_free_strv(optv);
     bi_optlist_free(&opts);
+    bi_optlist_free(&sn_opts);
     return ret;
 }

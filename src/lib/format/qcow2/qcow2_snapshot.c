@@ -654,6 +654,72 @@ struct snap_args {
     bi_error *err;
 };
 
+/* qemu's bdrv_snapshot_load_tmp() for qcow2: a read-only image reads
+ * through the snapshot's L1 table from now on (the virtual size stays the
+ * image's, as in QEMU). id and name: either or both (both must match). */
+static int qc_snapshot_load_tmp(bi_node *n, const char *id, const char *name,
+                                bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    if (!s->read_only)
+        return serr(err, -EINVAL, "Device is not readonly");
+    int idx = -1;
+    for (uint32_t i = 0; (id || name) && i < s->nb_snapshots; i++) {
+        if ((!id || !strcmp(s->snapshots[i].id_str, id)) &&
+            (!name || !strcmp(s->snapshots[i].name, name))) {
+            idx = (int)i;
+            break;
+        }
+    }
+    if (idx < 0)
+        return serr(err, -ENOENT, "Can't find snapshot");
+    const struct qcow2_snapshot *sn = &s->snapshots[idx];
+    if ((uint64_t)sn->l1_size > QCOW2_MAX_L1_BYTES / 8)
+        return serr(err, -EFBIG, "Snapshot L1 table too large");
+    if (sn->l1_table_offset & (s->cluster_size - 1) ||
+        sn->l1_table_offset > s->file_size ||
+        (uint64_t)sn->l1_size * 8 > s->file_size - sn->l1_table_offset)
+        return serr(err, -EINVAL, "Snapshot L1 table offset invalid");
+    uint64_t *l1 = NULL;
+    bi_co_mutex_lock(&s->lock);
+    int ret = read_l1(n, sn->l1_table_offset, sn->l1_size, &l1);
+    if (ret == 0) {
+        free(s->l1_table);
+        s->l1_table = l1;
+        s->l1_size = sn->l1_size;
+        s->l1_table_offset = sn->l1_table_offset;
+    }
+    bi_co_mutex_unlock(&s->lock);
+    if (ret < 0)
+        return serr(err, ret, "Could not read snapshot L1 table: %s",
+                    strerror(-ret));
+    return 0;
+}
+
+struct load_tmp_args {
+    bi_node *n;
+    const char *id, *name;
+    bi_error *err;
+};
+
+static int load_tmp_co(void *opaque)
+{
+    struct load_tmp_args *a = opaque;
+    return qc_snapshot_load_tmp(a->n, a->id, a->name, a->err);
+}
+
+int bi_snapshot_load_tmp(bi_node *node, const char *id, const char *name,
+                         bi_error *err)
+{
+    if (node->drv != &bi_drv_qcow2)
+        return serr(err, -ENOTSUP,
+                    "Block format '%s' used by device '' does not support "
+                    "temporarily loading internal snapshots",
+                    node->drv->name);
+    struct load_tmp_args a = {node, id, name, err};
+    return bi_run_co(load_tmp_co, &a);
+}
+
 static int snap_co(void *opaque)
 {
     struct snap_args *a = opaque;
