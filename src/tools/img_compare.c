@@ -75,22 +75,253 @@ static uint64_t compare_buffers(const uint8_t *a, const uint8_t *b, uint64_t n,
     return i;
 }
 
-static int check_empty(bi_node *n, uint64_t off, uint64_t len,
-                       const char *fname, uint8_t *buf)
+/*
+ * The walk is qemu-img's, step by step in offset order, but the reads run
+ * ahead: up to NSLOT steps are planned (block status) and their reads are
+ * in flight on both images at once, while the oldest step is checked. Every
+ * verdict (mismatch, status or read error, strict-mode difference) is
+ * still reported in offset order, so the first difference found is the one
+ * qemu-img reports.
+ */
+#define NSLOT 8
+
+enum step_kind {
+    ST_SKIP,   /* zero in both: nothing to read */
+    ST_DATA,   /* allocated in both: read both and compare */
+    ST_ONE,    /* allocated in one only (or past the shorter image's end):
+                * that side must read as zeroes */
+    ST_WARN,   /* "Warning: Image size mismatch!" */
+    ST_STRICT, /* -s: block status differs here */
+    ST_STATUS, /* block status failed for file */
+};
+
+struct step {
+    enum step_kind kind;
+    uint64_t off, len;
+    bi_node *node; /* ST_ONE: the side to check */
+    const char *file;
+    uint8_t *b1, *b2;
+    int pending;
+    int r1, r2;
+};
+
+struct walk {
+    bi_node *n1, *n2;
+    const char *f1, *f2;
+    int64_t s1, s2;
+    uint64_t total, base, off;
+    bool strict, warned, done;
+    struct step slot[NSLOT];
+    int head, count;
+};
+
+static void read1_done(void *opaque, int ret)
 {
-    int ret = bi_pread(n, off, buf, len);
-    if (ret < 0) {
-        cv_err("Error while reading offset %" PRIu64 " of %s: %s", off, fname,
-               strerror(-ret));
-        return 4;
+    struct step *st = opaque;
+    st->r1 = ret;
+    st->pending--;
+}
+
+static void read2_done(void *opaque, int ret)
+{
+    struct step *st = opaque;
+    st->r2 = ret;
+    st->pending--;
+}
+
+static void submit_read(bi_node *n, struct step *st, uint8_t *buf,
+                        bi_aio_cb *cb)
+{
+    struct iovec iov = {buf, st->len};
+    st->pending++;
+    bi_aio_preadv(n, st->off, &iov, 1, cb, st);
+}
+
+/* Plans the next step at w->off into st and starts its reads; false when
+ * the walk is over. */
+static bool plan_step(struct walk *w, struct step *st)
+{
+    st->pending = 0;
+    st->r1 = st->r2 = 0;
+    st->node = NULL;
+    if (w->done) {
+        return false;
     }
-    int64_t idx = find_nonzero(buf, len);
-    if (idx >= 0) {
-        qprintf("Content mismatch at offset %" PRIu64 "!\n",
-                off + (uint64_t)idx);
+    if (w->off < w->total) {
+        struct bi_status a, b;
+        memset(&a, 0, sizeof(a));
+        memset(&b, 0, sizeof(b));
+        st->off = w->off;
+        st->len = 0;
+        if (bi_block_status_above(w->n1, NULL, w->off, (uint64_t)w->s1 - w->off,
+                                  &a) < 0) {
+            st->kind = ST_STATUS;
+            st->file = w->f1;
+            w->done = true;
+            return true;
+        }
+        if (bi_block_status_above(w->n2, NULL, w->off, (uint64_t)w->s2 - w->off,
+                                  &b) < 0) {
+            st->kind = ST_STATUS;
+            st->file = w->f2;
+            w->done = true;
+            return true;
+        }
+        bool a1 = a.flags & BI_BS_ALLOCATED, a2 = b.flags & BI_BS_ALLOCATED;
+        uint64_t chunk = BI_MIN(a.len, b.len);
+        if (chunk == 0) {
+            chunk = w->total - w->off;
+        }
+        chunk = BI_MIN(chunk, w->total - w->off);
+        if (w->strict && (a.flags & STRICT_MASK) != (b.flags & STRICT_MASK)) {
+            st->kind = ST_STRICT;
+            w->done = true;
+            return true;
+        }
+        if ((a.flags & BI_BS_ZERO) && (b.flags & BI_BS_ZERO)) {
+            st->kind = ST_SKIP;
+        } else if (a1 == a2) {
+            st->kind = a1 ? ST_DATA : ST_SKIP;
+        } else {
+            st->kind = ST_ONE;
+            st->node = a1 ? w->n1 : w->n2;
+            st->file = a1 ? w->f1 : w->f2;
+        }
+        if (st->kind != ST_SKIP) {
+            chunk = BI_MIN(chunk, IO_BUF);
+        }
+        st->len = chunk;
+        w->off += chunk;
+        if (st->kind == ST_DATA) {
+            submit_read(w->n1, st, st->b1, read1_done);
+            submit_read(w->n2, st, st->b2, read2_done);
+        } else if (st->kind == ST_ONE) {
+            submit_read(st->node, st, st->b1, read1_done);
+        }
+        return true;
+    }
+    if (w->s1 == w->s2 || w->off >= w->base) {
+        w->done = true;
+        return false;
+    }
+    if (!w->warned) {
+        w->warned = true;
+        st->kind = ST_WARN;
+        st->off = w->off;
+        st->len = 0;
+        return true;
+    }
+    /* past the shorter image: the longer one must read as zeroes */
+    bi_node *over = w->s1 > w->s2 ? w->n1 : w->n2;
+    struct bi_status a;
+    memset(&a, 0, sizeof(a));
+    st->off = w->off;
+    st->file = w->s1 > w->s2 ? w->f1 : w->f2;
+    if (bi_block_status_above(over, NULL, w->off, w->base - w->off, &a) < 0) {
+        st->kind = ST_STATUS;
+        st->len = 0;
+        w->done = true;
+        return true;
+    }
+    uint64_t chunk = a.len ? BI_MIN(a.len, w->base - w->off) : w->base - w->off;
+    if ((a.flags & BI_BS_ALLOCATED) && !(a.flags & BI_BS_ZERO)) {
+        st->kind = ST_ONE;
+        st->node = over;
+        chunk = BI_MIN(chunk, IO_BUF);
+    } else {
+        st->kind = ST_SKIP;
+    }
+    st->len = chunk;
+    w->off += chunk;
+    if (st->kind == ST_ONE) {
+        submit_read(over, st, st->b1, read1_done);
+    }
+    return true;
+}
+
+/* The verdict of a finished step: 0 to go on, else the exit code. */
+static int check_step(struct walk *w, struct step *st)
+{
+    switch (st->kind) {
+    case ST_SKIP:
+        return 0;
+    case ST_WARN:
+        qprintf("Warning: Image size mismatch!\n");
+        return 0;
+    case ST_STRICT:
+        qprintf("Strict mode: Offset %" PRIu64 " block status mismatch!\n",
+                st->off);
         return 1;
+    case ST_STATUS:
+        cv_err("Sector allocation test failed for %s", st->file);
+        return 3;
+    case ST_ONE: {
+        if (st->r1 < 0) {
+            cv_err("Error while reading offset %" PRIu64 " of %s: %s", st->off,
+                   st->file, strerror(-st->r1));
+            return 4;
+        }
+        int64_t idx = find_nonzero(st->b1, st->len);
+        if (idx >= 0) {
+            qprintf("Content mismatch at offset %" PRIu64 "!\n",
+                    st->off + (uint64_t)idx);
+            return 1;
+        }
+        return 0;
+    }
+    case ST_DATA: {
+        if (st->r1 < 0 || st->r2 < 0) {
+            cv_err("Error while reading offset %" PRIu64 " of %s: %s", st->off,
+                   st->r1 < 0 ? w->f1 : w->f2,
+                   strerror(st->r1 < 0 ? -st->r1 : -st->r2));
+            return 4;
+        }
+        bool differ;
+        uint64_t pnum = compare_buffers(st->b1, st->b2, st->len, &differ);
+        if (differ || pnum != st->len) {
+            qprintf("Content mismatch at offset %" PRIu64 "!\n",
+                    st->off + (differ ? 0 : pnum));
+            return 1;
+        }
+        return 0;
+    }
     }
     return 0;
+}
+
+/* Runs the walk; returns the exit code (0: identical). */
+static int run_walk(struct walk *w, struct bi_progress *prog)
+{
+    int ret = 0;
+    for (;;) {
+        while (w->count < NSLOT) {
+            struct step *st = &w->slot[(w->head + w->count) % NSLOT];
+            if (!plan_step(w, st)) {
+                break;
+            }
+            w->count++;
+        }
+        if (w->count == 0) {
+            break;
+        }
+        struct step *st = &w->slot[w->head];
+        while (st->pending > 0) {
+            bi_aio_poll(true);
+        }
+        ret = check_step(w, st);
+        if (ret) {
+            break;
+        }
+        if (st->len) {
+            bi_progress_print(prog, ((float)st->len / (float)w->base) * 100,
+                              100);
+        }
+        w->head = (w->head + 1) % NSLOT;
+        w->count--;
+    }
+    /* reads still in flight land in buffers freed only after this */
+    bi_aio_drain();
+    return ret;
 }
 
 int img_compare(int argc, char **argv)
@@ -106,7 +337,7 @@ int img_compare(int argc, char **argv)
     bool force_share = false;
     enum bi_cache bc;
     bi_node *n1 = NULL, *n2 = NULL;
-    uint8_t *buf1 = NULL, *buf2 = NULL;
+    struct walk *w = NULL;
     struct bi_progress prog;
     int ret = 1, c;
 
@@ -177,13 +408,6 @@ int img_compare(int argc, char **argv)
         ret = 2;
         goto out;
     }
-    buf1 = bi_blockalign(n1, IO_BUF);
-    buf2 = bi_blockalign(n2, IO_BUF);
-    if (!buf1 || !buf2) {
-        cv_err("Could not allocate buffers: %s", strerror(ENOMEM));
-        ret = 4;
-        goto out;
-    }
     int64_t s1 = bi_getlength(n1), s2 = bi_getlength(n2);
     if (s1 < 0) {
         cv_err("Can't get size of %s: %s", f1, strerror((int)-s1));
@@ -195,9 +419,25 @@ int img_compare(int argc, char **argv)
         ret = 4;
         goto out;
     }
-    uint64_t total = (uint64_t)BI_MIN(s1, s2);
-    uint64_t base = (uint64_t)BI_MAX(s1, s2);
-    uint64_t off = 0;
+    w = bi_xzalloc(sizeof(*w));
+    for (int i = 0; i < NSLOT; i++) {
+        w->slot[i].b1 = bi_blockalign(n1, IO_BUF);
+        w->slot[i].b2 = bi_blockalign(n2, IO_BUF);
+        if (!w->slot[i].b1 || !w->slot[i].b2) {
+            cv_err("Could not allocate buffers: %s", strerror(ENOMEM));
+            ret = 4;
+            goto out;
+        }
+    }
+    w->n1 = n1;
+    w->n2 = n2;
+    w->f1 = f1;
+    w->f2 = f2;
+    w->s1 = s1;
+    w->s2 = s2;
+    w->total = (uint64_t)BI_MIN(s1, s2);
+    w->base = (uint64_t)BI_MAX(s1, s2);
+    w->strict = strict;
     bi_progress_print(&prog, 0, 100);
 
     if (strict && s1 != s2) {
@@ -205,107 +445,17 @@ int img_compare(int argc, char **argv)
         qprintf("Strict mode: Image size mismatch!\n");
         goto out;
     }
-
-    while (off < total) {
-        struct bi_status st1, st2;
-        memset(&st1, 0, sizeof(st1));
-        memset(&st2, 0, sizeof(st2));
-        if (bi_block_status_above(n1, NULL, off, (uint64_t)s1 - off, &st1) <
-            0) {
-            ret = 3;
-            cv_err("Sector allocation test failed for %s", f1);
-            goto out;
-        }
-        if (bi_block_status_above(n2, NULL, off, (uint64_t)s2 - off, &st2) <
-            0) {
-            ret = 3;
-            cv_err("Sector allocation test failed for %s", f2);
-            goto out;
-        }
-        bool a1 = st1.flags & BI_BS_ALLOCATED, a2 = st2.flags & BI_BS_ALLOCATED;
-        uint64_t chunk = BI_MIN(st1.len, st2.len);
-        if (chunk == 0) {
-            chunk = total - off;
-        }
-        chunk = BI_MIN(chunk, total - off);
-        if (strict && (st1.flags & STRICT_MASK) != (st2.flags & STRICT_MASK)) {
-            ret = 1;
-            qprintf("Strict mode: Offset %" PRIu64 " block status mismatch!\n",
-                    off);
-            goto out;
-        }
-        if ((st1.flags & BI_BS_ZERO) && (st2.flags & BI_BS_ZERO)) {
-            /* nothing to read */
-        } else if (a1 == a2) {
-            if (a1) {
-                chunk = BI_MIN(chunk, IO_BUF);
-                int r = bi_pread(n1, off, buf1, chunk);
-                if (r < 0) {
-                    cv_err("Error while reading offset %" PRIu64 " of %s: %s",
-                           off, f1, strerror(-r));
-                    ret = 4;
-                    goto out;
-                }
-                r = bi_pread(n2, off, buf2, chunk);
-                if (r < 0) {
-                    cv_err("Error while reading offset %" PRIu64 " of %s: %s",
-                           off, f2, strerror(-r));
-                    ret = 4;
-                    goto out;
-                }
-                bool differ;
-                uint64_t pnum = compare_buffers(buf1, buf2, chunk, &differ);
-                if (differ || pnum != chunk) {
-                    qprintf("Content mismatch at offset %" PRIu64 "!\n",
-                            off + (differ ? 0 : pnum));
-                    ret = 1;
-                    goto out;
-                }
-            }
-        } else {
-            chunk = BI_MIN(chunk, IO_BUF);
-            int r = a1 ? check_empty(n1, off, chunk, f1, buf1)
-                       : check_empty(n2, off, chunk, f2, buf1);
-            if (r) {
-                ret = r;
-                goto out;
-            }
-        }
-        off += chunk;
-        bi_progress_print(&prog, ((float)chunk / (float)base) * 100, 100);
+    ret = run_walk(w, &prog);
+    if (ret == 0) {
+        qprintf("Images are identical.\n");
     }
-
-    if (s1 != s2) {
-        bi_node *over = s1 > s2 ? n1 : n2;
-        const char *fo = s1 > s2 ? f1 : f2;
-        qprintf("Warning: Image size mismatch!\n");
-        while (off < base) {
-            struct bi_status st;
-            memset(&st, 0, sizeof(st));
-            if (bi_block_status_above(over, NULL, off, base - off, &st) < 0) {
-                ret = 3;
-                cv_err("Sector allocation test failed for %s", fo);
-                goto out;
-            }
-            uint64_t chunk = st.len ? BI_MIN(st.len, base - off) : base - off;
-            if ((st.flags & BI_BS_ALLOCATED) && !(st.flags & BI_BS_ZERO)) {
-                chunk = BI_MIN(chunk, IO_BUF);
-                int r = check_empty(over, off, chunk, fo, buf1);
-                if (r) {
-                    ret = r;
-                    goto out;
-                }
-            }
-            off += chunk;
-            bi_progress_print(&prog, ((float)chunk / (float)base) * 100, 100);
-        }
-    }
-    qprintf("Images are identical.\n");
-    ret = 0;
 
 out:
-    bi_free_aligned(buf1);
-    bi_free_aligned(buf2);
+    for (int i = 0; w && i < NSLOT; i++) {
+        bi_free_aligned(w->slot[i].b1);
+        bi_free_aligned(w->slot[i].b2);
+    }
+    free(w);
     if (n2) {
         bi_close(n2, NULL);
     }

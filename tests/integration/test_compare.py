@@ -127,3 +127,69 @@ def test_compare_qcow2_to_converted(qemu_img, blkimg, tmp_path, imgs):
     rb = run2(blkimg, ["compare", out, imgs["b"]])
     assert rb == rq
     assert rb[0] == 1
+
+
+@pytest.fixture
+def deep(tmp_path):
+    """64 MiB images with many extents, so that many reads are in flight
+    when the first difference is met: a full copy, copies with one or two
+    differences far in, one whose allocation differs before a content
+    difference, and qcow2 conversions."""
+    a = tmp_path / "a.raw"
+    with open(a, "wb") as f:
+        f.truncate(64 * MiB)
+        for i in range(0, 64, 3):  # 2 MiB of data, 1 MiB hole, ...
+            f.seek(i * MiB)
+            f.write(os.urandom(2 * MiB if i < 63 else MiB))
+    out = {"a": str(a)}
+
+    def variant(name, pokes, sparse=True):
+        p = tmp_path / name
+        subprocess.run(["cp", "--sparse=always" if sparse else
+                        "--sparse=never", a, p], check=True)
+        for off, data in pokes:
+            poke(p, off, data)
+        out[name] = str(p)
+
+    variant("full", [], sparse=False)
+    variant("late", [(50 * MiB + 513, b"\xfe")])
+    variant("two", [(40 * MiB + 4096, b"\xfe"), (20 * MiB + 5, b"\xfd")])
+    # allocated (zero) data at 11 MiB, a content change at 31 MiB
+    variant("alloc_then_data", [(11 * MiB, b"\0" * 4096),
+                                (31 * MiB + 1, b"\x01")])
+    # non-zero bytes in a hole of a at 44 MiB + 100
+    variant("in_hole", [(44 * MiB + 100, b"\x05")])
+    for name in ("a", "late"):
+        q = tmp_path / (name + ".qcow2")
+        subprocess.run(["qemu-img", "convert", "-O", "qcow2", out[name], q],
+                       check=True)
+        out[name + "_q"] = str(q)
+    return out
+
+
+DEEP_CASES = [
+    ["a", "full"],
+    ["a", "late"],
+    ["a", "two"],
+    ["two", "a"],
+    ["a", "alloc_then_data"],
+    ["-s", "a", "alloc_then_data"],
+    ["-s", "a", "full"],
+    ["a", "in_hole"],
+    ["a_q", "late"],
+    ["a_q", "late_q"],
+    ["-T", "none", "a_q", "late"],
+    ["-T", "none", "a", "full"],
+    ["-p", "a", "full"],
+]
+
+
+@pytest.mark.parametrize("args", DEEP_CASES, ids=" ".join)
+def test_compare_first_difference_with_reads_in_flight(qemu_img, blkimg,
+                                                       deep, args):
+    """The first difference in offset order is reported, as qemu-img's
+    sequential walk finds it, although later reads are already done."""
+    argv = ["compare"] + [deep.get(a, a) for a in args]
+    rq = run2(qemu_img, argv)
+    rb = run2(blkimg, argv)
+    assert rb == rq
