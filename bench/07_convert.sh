@@ -17,34 +17,12 @@ need_tools
 command -v qemu-img >/dev/null || skip "qemu-img missing"
 has_subcommand convert || skip "blkimg convert not available"
 
-SRC_RAW="$BENCH_DIR/half2g.raw"
 SRC_Q="$BENCH_DIR/half2g.qcow2"
 EMPTY="$BENCH_DIR/empty1t.qcow2"
 DST="$BENCH_DIR/convert.out"
 src_mib=$(quick 512 2048)
 
-if [ ! -f "$SRC_Q" ] || [ "$(qemu-img info --output=json "$SRC_Q" 2>/dev/null |
-    "$PY" -c 'import json,sys; print(json.load(sys.stdin)["virtual-size"])' 2>/dev/null)" != $((src_mib * 1048576)) ]; then
-    note "creating $SRC_Q ($src_mib MiB, about half allocated with random data)"
-    rm -f "$SRC_RAW" "$SRC_Q"
-    "$PY" - "$SRC_RAW" "$src_mib" <<'PYEOF'
-import os, random, sys
-path, mib = sys.argv[1], int(sys.argv[2])
-r = random.Random(7)
-with open(path, "wb") as f:
-    f.truncate(mib << 20)
-    off = 0
-    while off < mib << 20:
-        # runs of 64 KiB .. 4 MiB, data or hole with equal chance
-        n = min(r.choice([1, 2, 4, 8, 16, 32, 64]) << 16, (mib << 20) - off)
-        if r.random() < 0.5:
-            f.seek(off)
-            f.write(os.urandom(n))
-        off += n
-PYEOF
-    qemu-img convert -f raw -O qcow2 "$SRC_RAW" "$SRC_Q" || skip "qemu-img convert failed"
-    rm -f "$SRC_RAW"
-fi
+ensure_half_qcow2 "$SRC_Q" "$src_mib" || skip "qemu-img convert failed"
 rm -f "$EMPTY"
 qemu-img create -q -f qcow2 "$EMPTY" 1T
 

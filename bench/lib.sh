@@ -166,3 +166,41 @@ ensure_random_raw() {
         --direct=1 --ioengine=psync --refill_buffers --randrepeat=0 \
         --output=/dev/null
 }
+
+# half_random_raw FILE SIZE_MIB SEED: a sparse raw file about half of which
+# is random data, in runs of 64 KiB .. 4 MiB alternating at random with
+# holes (the same file for the same seed).
+half_random_raw() {
+    "$PY" - "$1" "$2" "$3" <<'PYEOF'
+import os, random, sys
+path, mib, seed = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+r = random.Random(seed)
+with open(path, "wb") as f:
+    f.truncate(mib << 20)
+    off = 0
+    while off < mib << 20:
+        n = min(r.choice([1, 2, 4, 8, 16, 32, 64]) << 16, (mib << 20) - off)
+        if r.random() < 0.5:
+            f.seek(off)
+            f.write(os.urandom(n))
+        off += n
+PYEOF
+}
+
+# ensure_half_qcow2 FILE SIZE_MIB: the convert source of bench 7 and the
+# compare input of bench 9, a qcow2 (qemu-img convert, 64 KiB clusters)
+# of half_random_raw's file, reused when it has the right size.
+ensure_half_qcow2() {
+    local f=$1 mib=$2
+    if [ -f "$f" ] && [ "$(qemu-img info --output=json "$f" 2>/dev/null |
+        "$PY" -c 'import json,sys; print(json.load(sys.stdin)["virtual-size"])' 2>/dev/null)" = $((mib * 1048576)) ]; then
+        return 0
+    fi
+    note "creating $f ($mib MiB, about half allocated with random data)"
+    rm -f "$f" "$f.raw"
+    half_random_raw "$f.raw" "$mib" 7 &&
+        qemu-img convert -f raw -O qcow2 "$f.raw" "$f"
+    local rc=$?
+    rm -f "$f.raw"
+    return $rc
+}
