@@ -148,6 +148,39 @@ static void print_cvtnum_err(int64_t rc, const char *arg)
     }
 }
 
+/* cvtnum() with qemu-io's message on failure: 0, or the negative error. */
+static int parse_num(const char *arg, int64_t *out)
+{
+    int64_t v = cvtnum(arg);
+    if (v < 0) {
+        print_cvtnum_err(v, arg);
+        return (int)v;
+    }
+    *out = v;
+    return 0;
+}
+
+/* The OFFSET COUNT pair of read, write and discard (argv[0], argv[1]); a
+ * count above IO_MAX_BYTES is refused unless no_limit, the message ending
+ * in hint (write: " without -n"). */
+static int parse_off_count(char **argv, int64_t *off, int64_t *count,
+                           bool no_limit, const char *hint)
+{
+    int ret = parse_num(argv[0], off);
+    if (ret == 0) {
+        ret = parse_num(argv[1], count);
+    }
+    if (ret < 0) {
+        return ret;
+    }
+    if ((uint64_t)*count > IO_MAX_BYTES && !no_limit) {
+        printf("length cannot exceed %llu%s, given %s\n", IO_MAX_BYTES, hint,
+               argv[1]);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 /* qemu-io's human numbers: "%.3f <unit>" in powers of 1024 with ".000"
  * dropped; below 1 KiB "%f bytes" (so also "512 bytes"). */
 static void cvtstr(double value, char *str, size_t size)
@@ -659,20 +692,9 @@ static int read_f(int argc, char **argv)
         command_usage(&read_cmd);
         return -EINVAL;
     }
-    offset = cvtnum(argv[optind]);
-    if (offset < 0) {
-        print_cvtnum_err(offset, argv[optind]);
-        return (int)offset;
-    }
-    optind++;
-    count = cvtnum(argv[optind]);
-    if (count < 0) {
-        print_cvtnum_err(count, argv[optind]);
-        return (int)count;
-    } else if ((uint64_t)count > IO_MAX_BYTES) {
-        printf("length cannot exceed %llu, given %s\n", IO_MAX_BYTES,
-               argv[optind]);
-        return -EINVAL;
+    ret = parse_off_count(argv + optind, &offset, &count, false, "");
+    if (ret < 0) {
+        return ret;
     }
     if (!Pflag && (lflag || sflag)) {
         command_usage(&read_cmd);
@@ -806,12 +828,10 @@ static int readv_f(int argc, char **argv)
         command_usage(&readv_cmd);
         return -EINVAL;
     }
-    offset = cvtnum(argv[optind]);
-    if (offset < 0) {
-        print_cvtnum_err(offset, argv[optind]);
-        return (int)offset;
+    ret = parse_num(argv[optind++], &offset);
+    if (ret < 0) {
+        return ret;
     }
-    optind++;
     nr_iov = argc - optind;
     buf = create_iovec(&argv[optind], nr_iov, 0xab, &iov, &size);
     if (!buf) {
@@ -975,21 +995,10 @@ static int write_f(int argc, char **argv)
                "can be specified at the same time\n");
         return -EINVAL;
     }
-    offset = cvtnum(argv[optind]);
-    if (offset < 0) {
-        print_cvtnum_err(offset, argv[optind]);
-        return (int)offset;
-    }
-    optind++;
-    count = cvtnum(argv[optind]);
-    if (count < 0) {
-        print_cvtnum_err(count, argv[optind]);
-        return (int)count;
-    } else if ((uint64_t)count > IO_MAX_BYTES &&
-               !(flags & BI_REQ_NO_FALLBACK)) {
-        printf("length cannot exceed %llu without -n, given %s\n", IO_MAX_BYTES,
-               argv[optind]);
-        return -EINVAL;
+    ret = parse_off_count(argv + optind, &offset, &count,
+                          (flags & BI_REQ_NO_FALLBACK) != 0, " without -n");
+    if (ret < 0) {
+        return ret;
     }
     if (bflag || cflag) {
         if (offset % 512) {
@@ -1115,12 +1124,10 @@ static int writev_f(int argc, char **argv)
         command_usage(&writev_cmd);
         return -EINVAL;
     }
-    offset = cvtnum(argv[optind]);
-    if (offset < 0) {
-        print_cvtnum_err(offset, argv[optind]);
-        return (int)offset;
+    ret = parse_num(argv[optind++], &offset);
+    if (ret < 0) {
+        return ret;
     }
-    optind++;
     nr_iov = argc - optind;
     buf = create_iovec(&argv[optind], nr_iov, pattern, &iov, &size);
     if (!buf) {
@@ -1755,20 +1762,9 @@ static int discard_f(int argc, char **argv)
         command_usage(&discard_cmd);
         return -EINVAL;
     }
-    offset = cvtnum(argv[optind]);
-    if (offset < 0) {
-        print_cvtnum_err(offset, argv[optind]);
-        return (int)offset;
-    }
-    optind++;
-    bytes = cvtnum(argv[optind]);
-    if (bytes < 0) {
-        print_cvtnum_err(bytes, argv[optind]);
-        return (int)bytes;
-    } else if ((uint64_t)bytes > IO_MAX_BYTES) {
-        printf("length cannot exceed %llu, given %s\n", IO_MAX_BYTES,
-               argv[optind]);
-        return -EINVAL;
+    ret = parse_off_count(argv + optind, &offset, &bytes, false, "");
+    if (ret < 0) {
+        return ret;
     }
 
     now(&t1);
