@@ -711,7 +711,8 @@ void qobj_print_string(FILE *out, const char *s)
     bi_json_write_string(out, s);
 }
 
-static void print_scalar(FILE *out, const struct qobj *o)
+/* A scalar: strings quoted and escaped for JSON, as they are for text. */
+static void print_scalar(FILE *out, const struct qobj *o, bool json)
 {
     switch (o->type) {
     case QOBJ_INT:
@@ -725,7 +726,11 @@ static void print_scalar(FILE *out, const struct qobj *o)
         fputs(o->i ? "true" : "false", out);
         break;
     case QOBJ_STR:
-        qobj_print_string(out, o->s);
+        if (json) {
+            qobj_print_string(out, o->s);
+        } else {
+            fputs(o->s, out);
+        }
         break;
     default:
         break;
@@ -767,7 +772,7 @@ static void print_json(FILE *out, const struct qobj *o, int depth)
         newline(out, depth);
         fputc(']', out);
     } else {
-        print_scalar(out, o);
+        print_scalar(out, o, true);
     }
 }
 
@@ -775,27 +780,6 @@ void qobj_print_json(FILE *out, const struct qobj *o)
 {
     print_json(out, o, 0);
     fputc('\n', out);
-}
-
-static void human_value(FILE *out, const struct qobj *o)
-{
-    switch (o->type) {
-    case QOBJ_INT:
-        if (o->is_unsigned) {
-            fprintf(out, "%" PRIu64, (uint64_t)o->i);
-        } else {
-            fprintf(out, "%" PRId64, o->i);
-        }
-        break;
-    case QOBJ_BOOL:
-        fputs(o->i ? "true" : "false", out);
-        break;
-    case QOBJ_STR:
-        fputs(o->s, out);
-        break;
-    default:
-        break;
-    }
 }
 
 void qobj_print_human(FILE *out, int indentation, const struct qobj *o)
@@ -829,7 +813,7 @@ void qobj_print_human(FILE *out, int indentation, const struct qobj *o)
             }
         }
     } else {
-        human_value(out, o);
+        print_scalar(out, o, false);
     }
 }
 
