@@ -1317,12 +1317,89 @@ int qc_grow_l1(bi_node *n, uint64_t min_size)
     return 0;
 }
 
+/* Host clusters (not compressed) mapped in [from, to), to discard once
+ * they are freed. */
+static int collect_hosts(bi_node *n, uint64_t from, uint64_t to, uint64_t **out,
+                         size_t *count)
+{
+    qcow2_state *s = n->opaque;
+    size_t cap = 0;
+    for (uint64_t pos = from; pos < to;) {
+        void *t;
+        uint64_t idx;
+        int ret = get_l2_ro(n, pos, &t, &idx);
+        if (ret < 0)
+            return ret;
+        uint64_t span_end =
+            (pos | ((s->l2_entries << s->cluster_bits) - 1)) + 1;
+        if (!t) {
+            pos = span_end;
+            continue;
+        }
+        for (; pos < to && pos < span_end; pos += s->cluster_size, idx++) {
+            uint64_t e, b;
+            qc_get_l2(s, t, idx, &e, &b);
+            if ((e & QCOW_OFLAG_COMPRESSED) || !entry_host(s, e))
+                continue;
+            if (*count == cap) {
+                size_t nc = cap ? cap * 2 : 256;
+                uint64_t *nv = realloc(*out, nc * sizeof(**out));
+                if (!nv) {
+                    qc_cache_put(&s->l2_cache, t);
+                    return -ENOMEM;
+                }
+                *out = nv;
+                cap = nc;
+            }
+            (*out)[(*count)++] = entry_host(s, e);
+        }
+        qc_cache_put(&s->l2_cache, t);
+    }
+    return 0;
+}
+
+/* QEMU's qcow2_shrink_l1_table: the L1 entries past the new end are
+ * zeroed on disk (the table keeps its size), then their L2 tables are freed
+ * and discarded. Lock held, L2 tables flushed. */
+static int shrink_l1_locked(bi_node *n, uint64_t size)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t span = 1ULL << (s->l2_bits + s->cluster_bits);
+    uint64_t keep = (size + span - 1) / span;
+    if (keep >= s->l1_size)
+        return 0;
+    uint64_t len = ((uint64_t)s->l1_size - keep) * 8;
+    int ret = qc_check_overlap(n, QC_OL_L1, s->l1_table_offset + keep * 8, len);
+    if (ret == 0)
+        ret =
+            bi_co_pwrite_zeroes(n->file, s->l1_table_offset + keep * 8, len, 0);
+    if (ret == 0)
+        ret = bi_co_flush(n->file);
+    if (ret < 0)
+        return ret;
+    for (uint64_t i = s->l1_size; i-- > keep;) {
+        uint64_t l2 = s->l1_table[i] & L1E_OFFSET_MASK;
+        s->l1_table[i] = 0;
+        if (!l2)
+            continue;
+        ret = qc_update_refcount(n, l2, s->cluster_size, -1);
+        if (ret < 0)
+            return ret;
+        uint64_t rc;
+        if (qc_get_refcount(n, l2 >> s->cluster_bits, &rc) == 0 && !rc)
+            bi_co_pdiscard(n->file, l2, s->cluster_size);
+    }
+    return qc_flush_metadata(n);
+}
+
 int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
                       enum bi_prealloc prealloc, bi_error *err)
 {
     qcow2_state *s = n->opaque;
     uint8_t *head = NULL;
-    uint64_t head_len = 0;
+    uint64_t head_len = 0, zero_head = 0;
+    uint64_t *dropped = NULL;
+    size_t n_dropped = 0;
     int ret;
     if (s->read_only) {
         bi_error_set(err, EROFS, "Cannot resize a read-only image");
@@ -1387,6 +1464,11 @@ int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
     if (size < n->size) {
         /* drop every cluster wholly past the new end */
         uint64_t a = bi_align_up(size, s->cluster_size);
+        if (a < n->size && !s->data_file) {
+            ret = collect_hosts(n, a, n->size, &dropped, &n_dropped);
+            if (ret < 0)
+                goto out;
+        }
         if (a < n->size) {
             ret = zero_units_locked(
                 n, a, bi_align_up(n->size, s->cluster_size) - a, true, false);
@@ -1418,6 +1500,43 @@ int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
     ret = qc_flush_metadata(n);
     if (ret < 0)
         goto out;
+    /* as QEMU: the dropped clusters are discarded in the file (once the
+     * tables without them are on disk) */
+    if (n_dropped) {
+        ret = bi_co_flush(n->file);
+        if (ret < 0)
+            goto out;
+    }
+    for (size_t i = 0; i < n_dropped; i++) {
+        uint64_t rc;
+        if (qc_get_refcount(n, dropped[i] >> s->cluster_bits, &rc) == 0 && !rc)
+            bi_co_pdiscard(n->file, dropped[i], s->cluster_size);
+    }
+    if (size < old_len) {
+        ret = shrink_l1_locked(n, size);
+        if (ret < 0) {
+            bi_error_set(err, -ret, "Failed to reduce the number of L2 tables");
+            goto out;
+        }
+    }
+    if (size < old_len && !s->data_file) {
+        /* as QEMU: the file ends after the last cluster still in use,
+         * once the refcounts that free the rest are on disk */
+        int64_t flen = bi_getlength(n->file);
+        int64_t last = flen > 0 ? qc_last_cluster(n, (uint64_t)flen) : flen;
+        ret = bi_co_flush(n->file);
+        if (ret == 0 && last >= 0 &&
+            (((uint64_t)last + 1) << s->cluster_bits) < (uint64_t)flen) {
+            bi_error e2;
+            bi_error_init(&e2);
+            /* a failure only leaves the file longer (QEMU warns) */
+            if (bi_truncate(n->file, ((uint64_t)last + 1) << s->cluster_bits,
+                            false, BI_PREALLOC_OFF, &e2) == 0)
+                s->file_size = ((uint64_t)last + 1) << s->cluster_bits;
+        }
+        if (ret < 0)
+            goto out;
+    }
     if (prealloc != BI_PREALLOC_OFF) {
         ret = qc_preallocate_locked(n, old_len, size, prealloc, head, head_len,
                                     err);
@@ -1427,6 +1546,31 @@ int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
         ret = bi_truncate(s->data_file, size, exact, BI_PREALLOC_OFF, err);
         if (ret < 0)
             goto out;
+    }
+    /* as QEMU: a backing file reaching past the old end must not show
+     * through the new area (the file's own zeroes do with falloc/full) */
+    bool zero_new = size > old_len && n->backing &&
+                    bi_getlength(n->backing) > (int64_t)old_len &&
+                    (prealloc == BI_PREALLOC_OFF ||
+                     prealloc == BI_PREALLOC_METADATA || s->data_file);
+    if (zero_new) {
+        uint64_t zs = bi_align_up(old_len, s->subcluster_size);
+        if (s->version < 3) {
+            ret = -ENOTSUP;
+            bi_error_set(err, ENOTSUP, "Failed to zero out new clusters");
+            goto out;
+        }
+        if (size > zs)
+            ret = zero_units_locked(
+                n, zs, bi_align_up(size, s->cluster_size) - zs, false, false);
+        if (ret == 0)
+            ret = qc_flush_metadata(n);
+        if (ret < 0) {
+            bi_error_set(err, -ret, "Failed to zero out new clusters");
+            goto out;
+        }
+        if (zs > old_len)
+            zero_head = BI_MIN(zs, size) - old_len;
     }
     ret = bi_co_flush(n->file);
     if (ret < 0)
@@ -1440,6 +1584,20 @@ int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
 out:
     bi_co_mutex_unlock(&s->lock);
     bi_free_aligned(head);
+    free(dropped);
+    if (ret == 0 && zero_head) {
+        /* explicit zeroes up to the first (sub)cluster boundary */
+        void *z = bi_blockalign(n->file, bi_align_up(zero_head, 4096));
+        if (!z) {
+            ret = -ENOMEM;
+        } else {
+            memset(z, 0, zero_head);
+            ret = bi_co_pwrite(n, old_len, z, zero_head, 0);
+            bi_free_aligned(z);
+        }
+        if (ret < 0)
+            bi_error_set(err, -ret, "Failed to zero out the new area");
+    }
     if (ret < 0 && err && !err->msg[0])
         bi_error_set(err, -ret, "Could not resize image");
     return ret;

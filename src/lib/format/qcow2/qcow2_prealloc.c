@@ -244,6 +244,20 @@ static int put_head(bi_node *n, const struct prealloc_head *h, uint64_t host)
     return ret;
 }
 
+/* Extended L2: the subclusters holding a carried-over head are data. */
+static void head_allocated(const qcow2_state *s, void *table, uint64_t idx,
+                           const struct prealloc_head *h)
+{
+    if (!h->len || !s->ext_l2)
+        return;
+    uint64_t e, b;
+    uint64_t nsc = (h->len + s->subcluster_size - 1) / s->subcluster_size;
+    uint64_t m = nsc >= 32 ? 0xffffffffULL : (1ULL << nsc) - 1;
+    qc_get_l2(s, table, idx, &e, &b);
+    b = (b | m) & ~(m << 32);
+    qc_set_l2(s, table, idx, e, b);
+}
+
 /* QEMU copies on write the rest of a new partial last cluster: zeroes. */
 static int put_tail(bi_node *n, uint64_t new_len, uint64_t host)
 {
@@ -323,16 +337,8 @@ static int prealloc_metadata(bi_node *n, uint64_t old_len, uint64_t new_len,
                 link_entry(n, t, idx + x,
                            (uint64_t)host + ((x - j) << s->cluster_bits),
                            false);
-            if (ret == 0 && c + j == first && head->len && s->ext_l2) {
-                /* the carried-over head is allocated data */
-                uint64_t e2, b2;
-                uint64_t nsc =
-                    (head->len + s->subcluster_size - 1) / s->subcluster_size;
-                qc_get_l2(s, t, idx + j, &e2, &b2);
-                b2 |= (nsc >= 32 ? 0xffffffffULL : (1ULL << nsc) - 1);
-                b2 &= ~((nsc >= 32 ? 0xffffffffULL : (1ULL << nsc) - 1) << 32);
-                qc_set_l2(s, t, idx + j, e2, b2);
-            }
+            if (ret == 0 && c + j == first)
+                head_allocated(s, t, idx + j, head);
             last_host = (uint64_t)host + ((k - j - 1) << s->cluster_bits);
             j = k;
         }
@@ -420,6 +426,10 @@ static int prealloc_data(bi_node *n, uint64_t old_len, uint64_t new_len,
     if (ret == 0 && head->len)
         ret = bi_co_flush(n->file);
 
+    /* extended L2: the subclusters are marked allocated only when a
+     * backing file would show through them (QEMU's zero-write request);
+     * otherwise they stay unallocated and read as zeroes anyway */
+    bool all_sc = n->backing && bi_getlength(n->backing) > (int64_t)old_len;
     uint64_t host = (uint64_t)start;
     for (uint64_t c = first; ret == 0 && c < first + nb_data;) {
         void *t;
@@ -429,7 +439,9 @@ static int prealloc_data(bi_node *n, uint64_t old_len, uint64_t new_len,
             break;
         uint64_t cnt = BI_MIN(s->l2_entries - idx, first + nb_data - c);
         for (uint64_t j = 0; j < cnt; j++)
-            link_entry(n, t, idx + j, host + (j << s->cluster_bits), true);
+            link_entry(n, t, idx + j, host + (j << s->cluster_bits), all_sc);
+        if (c == first)
+            head_allocated(s, t, idx, head);
         qc_cache_put(&s->l2_cache, t);
         c += cnt;
         host += cnt << s->cluster_bits;

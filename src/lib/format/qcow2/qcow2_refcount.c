@@ -477,13 +477,15 @@ restart:
         uint64_t end = (i + mm + nb) << s->cluster_bits;
         if (end > s->file_size)
             s->file_size = end;
-        s->free_cluster_index = first_free == i ? i + mm + nb : first_free;
+        s->free_cluster_index = i + mm + nb;
         return (int64_t)((i + mm) << s->cluster_bits);
     }
     ret = qc_update_refcount(n, i << s->cluster_bits, nb << s->cluster_bits, 1);
     if (ret < 0)
         return ret;
-    s->free_cluster_index = first_free == i ? i + nb : first_free;
+    /* as QEMU's allocator: the search goes on after the run; free
+     * clusters skipped below it wait until something is freed */
+    s->free_cluster_index = i + nb;
     return (int64_t)(i << s->cluster_bits);
 }
 
