@@ -406,6 +406,38 @@ static bool in_file(const qcow2_state *s, uint64_t off, uint64_t len)
     return off <= end && len <= end - off;
 }
 
+struct name_ref {
+    const char *p;
+    int len;
+};
+
+static int cmp_name(const void *x, const void *y)
+{
+    const struct name_ref *a = x, *b = y;
+    if (a->len != b->len)
+        return a->len < b->len ? -1 : 1;
+    return memcmp(a->p, b->p, (size_t)a->len);
+}
+
+/* Names are unique (sorted, not compared pairwise: 65535 bitmaps). */
+static int check_names(struct qc_bm_state *st, uint32_t nb, bi_error *err)
+{
+    struct name_ref *v = malloc((size_t)nb * sizeof(*v));
+    if (!v)
+        return bm_err(err, -ENOMEM, "Could not load bitmaps: %s",
+                      strerror(ENOMEM));
+    for (uint32_t i = 0; i < nb; i++)
+        v[i].p = entry_name(entry_at(st, i), &v[i].len);
+    qsort(v, nb, sizeof(*v), cmp_name);
+    int ret = 0;
+    for (uint32_t i = 1; i < nb && ret == 0; i++)
+        if (!cmp_name(&v[i - 1], &v[i]))
+            ret = bm_err(err, -EINVAL, "Bitmap already exists: %.*s", v[i].len,
+                         v[i].p);
+    free(v);
+    return ret;
+}
+
 /* The directory entries: QEMU's bitmap_list_load() and check_dir_entry()
  * rules, plus unique names. */
 static int check_dir(bi_node *n, struct qc_bm_state *st, bi_error *err)
@@ -449,20 +481,13 @@ static int check_dir(bi_node *n, struct qc_bm_state *st, bi_error *err)
                           name);
         if (memchr(name, 0, (size_t)nl))
             return bm_err(err, -EINVAL, "Broken bitmap directory");
-        for (uint64_t j = 0; j < cnt - 1; j++) {
-            int ol;
-            const char *on = entry_name(entry_at(st, (uint32_t)j), &ol);
-            if (ol == nl && !memcmp(on, name, (size_t)nl))
-                return bm_err(err, -EINVAL, "Bitmap already exists: %.*s", nl,
-                              name);
-        }
         st->bm[cnt - 1].pos = (uint32_t)pos;
         pos += len;
     }
     if (cnt != s->nb_bitmaps)
         return bm_err(err, -EINVAL,
                       "Less bitmaps found than specified in header extension");
-    return 0;
+    return check_names(st, s->nb_bitmaps, err);
 }
 
 /* The tables of the bitmaps not in use: entries as the spec asks, size as
