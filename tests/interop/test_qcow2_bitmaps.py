@@ -759,3 +759,35 @@ def test_no_space_for_bitmap_update(run, qemu_img, qemu_io, blkimg_io,
         assert "failed" not in cp.stdout
     finally:
         subprocess.run(["umount", "-l", str(mnt)])
+
+
+def test_hostile_65535_bitmaps_sharing_a_table(run, qemu_img, blkimg_io,
+                                               tmp_path):
+    """The most bitmaps QEMU allows, all pointing at one table: read-only
+    use works quickly, a read-write open refuses the shared clusters."""
+    img = str(tmp_path / "many.qcow2")
+    make_image(run, qemu_img, img, "1M", [("b0",)])
+    b = bytearray(read(img))
+    h = parse_header(b)
+    e = dir_entries(b)[0]
+    d = bytearray()
+    n = 65535
+    for i in range(n):
+        name = b"n%07d" % i
+        d += struct.pack(">QIIBBHI", e["table_offset"], 1, 2, 1, 16,
+                         len(name), 0) + name
+    cs = h["cs"]
+    off = (len(b) + cs - 1) // cs * cs
+    b += b"\0" * (off - len(b)) + d + b"\0" * (-len(d) % cs)
+    struct.pack_into(">IIQQ", b, h["ext"]["pos"], n, 0, len(d), off)
+    with open(img, "wb") as f:
+        f.write(b)
+    before = sha(img)
+    t = time.monotonic()
+    cp = run(blkimg_io, "-r", "-c", "read 0 4k", img, timeout=60)
+    assert cp.returncode == 0, cp.stderr
+    cp = run(blkimg_io, "-c", "write 0 4k", img, timeout=60)
+    assert cp.returncode == 1
+    assert "overlap" in cp.stderr and len(cp.stderr.splitlines()) == 1
+    assert time.monotonic() - t < 30
+    assert sha(img) == before
