@@ -61,6 +61,10 @@ static bool g_image_opts;
 static bool g_misalign;
 static bool g_stats;
 static bool g_quit;
+/* The request the open image was opened with (for reopen). */
+static struct io_open_req g_req;
+static char *g_req_name;
+static bool g_reopening;
 
 void io_set_progname(const char *name)
 {
@@ -2363,6 +2367,32 @@ out:
     return n;
 }
 
+static void optlist_add(struct bi_optlist *l, const char *key,
+                        const char *value)
+{
+    struct bi_opt *nv = bi_xmalloc(sizeof(*nv) * (size_t)(l->n + 1));
+    if (l->n) {
+        memcpy(nv, l->v, sizeof(*nv) * (size_t)l->n);
+    }
+    free(l->v);
+    l->v = nv;
+    l->v[l->n].key = bi_xstrdup(key);
+    l->v[l->n].value = value ? bi_xstrdup(value) : NULL;
+    l->n++;
+}
+
+static void save_request(const char *name, const struct io_open_req *r)
+{
+    io_open_req_free(&g_req);
+    free(g_req_name);
+    g_req = *r;
+    memset(&g_req.opts, 0, sizeof(g_req.opts));
+    for (int i = 0; i < r->opts.n; i++) {
+        optlist_add(&g_req.opts, r->opts.v[i].key, r->opts.v[i].value);
+    }
+    g_req_name = name ? bi_xstrdup(name) : NULL;
+}
+
 int io_openfile(const char *name, struct io_open_req *r)
 {
     const struct bi_optlist *l = &r->opts;
@@ -2381,7 +2411,9 @@ int io_openfile(const char *name, struct io_open_req *r)
         io_error_report("file open already, try 'help close'");
         return 1;
     }
-    if (name) {
+    if (g_reopening) {
+        prefix[0] = 0; /* qemu-io's reopen names no device */
+    } else if (name) {
         snprintf(prefix, sizeof(prefix), "can't open device %s: ", name);
     } else {
         snprintf(prefix, sizeof(prefix), "can't open: ");
@@ -2612,6 +2644,7 @@ int io_openfile(const char *name, struct io_open_req *r)
     }
     g_unmap = unmap;
     g_no_flush = no_flush && nocache;
+    save_request(name, r);
     ret = 0;
 out:
     for (int i = 0; i < nd; i++) {
@@ -2744,6 +2777,197 @@ static int open_f(int argc, char **argv)
     return ret ? -EINVAL : 0;
 }
 
+/* Whether reopen -o may change key on an image of format fmt: the cache
+ * and read-only switches, discard, and qcow2's run-time options. */
+static bool reopen_key_ok(const char *fmt, const char *key)
+{
+    static const char *const common[] = {"read-only", "cache.direct",
+                                         "cache.no-flush", "discard", NULL};
+    for (int i = 0; common[i]; i++) {
+        if (!strcmp(key, common[i])) {
+            return true;
+        }
+    }
+    for (int i = 0; !strcmp(fmt, "qcow2") && qcow2_opts[i]; i++) {
+        if (!strcmp(key, qcow2_opts[i])) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static int reopen_f(int argc, char **argv);
+static void reopen_help(void)
+{
+    printf("\n"
+           " Changes the open options of an already opened image\n"
+           "\n"
+           " Example:\n"
+           " 'reopen -o lazy-refcounts=on' - activates lazy refcount "
+           "writeback on a qcow2 image\n"
+           "\n"
+           " -r, -- Reopen the image read-only\n"
+           " -w, -- Reopen the image read-write\n"
+           " -c, -- Change the cache mode to the given value\n"
+           " -o, -- Changes block driver options (cf. 'open' command)\n"
+           "\n");
+}
+static const struct cmdinfo reopen_cmd = {
+    .name = "reopen",
+    .func = reopen_f,
+    .argmin = 0,
+    .argmax = -1,
+    .args = "[(-r|-w)] [-c cache] [-o options]",
+    .oneline = "reopens an image with new options",
+    .help = reopen_help,
+};
+
+/*
+ * qemu-io's reopen: the image is closed and opened again with the changed
+ * request (read-only, cache mode, options); if that fails, the error is
+ * printed and the image is opened again as it was.
+ */
+static int reopen_f(int argc, char **argv)
+{
+    struct io_open_req r;
+    struct bi_optlist o;
+    bool has_rw = false, has_cache = false, rw = false;
+    int c, ret = -EINVAL;
+
+    memset(&o, 0, sizeof(o));
+    r = g_req;
+    memset(&r.opts, 0, sizeof(r.opts));
+    while ((c = getopt(argc, argv, "c:o:rw")) != -1) {
+        switch (c) {
+        case 'c':
+            if (io_parse_cache_mode(optarg, &r) < 0) {
+                io_error_report("Invalid cache option: %s", optarg);
+                goto out;
+            }
+            has_cache = true;
+            break;
+        case 'o':
+            if (io_parse_opts(&o, optarg) < 0) {
+                goto out;
+            }
+            break;
+        case 'r':
+        case 'w':
+            if (has_rw) {
+                io_error_report("Only one -r/-w option may be given");
+                goto out;
+            }
+            has_rw = true;
+            rw = c == 'w';
+            break;
+        default:
+            command_usage(&reopen_cmd);
+            goto out;
+        }
+    }
+    if (optind != argc) {
+        command_usage(&reopen_cmd);
+        goto out;
+    }
+    if (has_rw) {
+        r.read_only = !rw;
+    }
+    for (int i = 0; i < o.n; i++) {
+        const char *k = o.v[i].key, *v = o.v[i].value ? o.v[i].value : "on";
+        int b;
+        if (!reopen_key_ok(g_format_name, k)) {
+            /* the same value as now is no change */
+            const char *cur =
+                !strcmp(k, "driver") ? g_format_name : opt_get(&g_req.opts, k);
+            if (cur && o.v[i].value && !strcmp(cur, o.v[i].value)) {
+                continue;
+            }
+            const char *dot = strrchr(k, '.');
+            io_error_report("Cannot change the option '%s'", dot ? dot + 1 : k);
+            goto out;
+        }
+        if (!strcmp(k, "read-only")) {
+            if (has_rw) {
+                io_error_report("Cannot set both -r/-w and 'read-only'");
+                goto out;
+            }
+            if ((b = parse_bool(v)) < 0) {
+                io_error_report("Parameter 'read-only' expects 'on' or 'off'");
+                goto out;
+            }
+            if (b && !g_req.read_only) {
+                /* as QEMU: the image's user still holds it for writing */
+                io_error_report("Read-only block node '%s' cannot support "
+                                "read-write users",
+                                bi_node_filename(g_node));
+                goto out;
+            }
+            r.read_only = b;
+        } else if (!strcmp(k, "cache.direct") || !strcmp(k, "cache.no-flush")) {
+            if (has_cache) {
+                io_error_report("Cannot set both -c and the cache options");
+                goto out;
+            }
+            if ((b = parse_bool(v)) < 0) {
+                io_error_report("Parameter '%s' expects 'on' or 'off'", k);
+                goto out;
+            }
+            if (k[6] == 'd') {
+                r.nocache = b;
+            } else {
+                r.no_flush = b;
+            }
+        } else if (!strcmp(k, "discard")) {
+            if (io_parse_discard(v, &r.unmap) < 0) {
+                io_error_report("Invalid discard option: %s", v);
+                goto out;
+            }
+        }
+    }
+    if (g_req.snapshot) {
+        io_error_report("Cannot reopen an image opened with -s: its "
+                        "temporary overlay would be lost");
+        goto out;
+    }
+    /* the saved options, less the switches set above, then the new ones */
+    for (int i = 0; i < g_req.opts.n; i++) {
+        const char *k = g_req.opts.v[i].key;
+        if (strcmp(k, "read-only") && strcmp(k, "cache.direct") &&
+            strcmp(k, "cache.no-flush") && strcmp(k, "discard")) {
+            optlist_add(&r.opts, k, g_req.opts.v[i].value);
+        }
+    }
+    for (int i = 0; i < o.n; i++) {
+        const char *k = o.v[i].key;
+        if (reopen_key_ok(g_format_name, k) && strcmp(k, "read-only") &&
+            strcmp(k, "cache.direct") && strcmp(k, "cache.no-flush") &&
+            strcmp(k, "discard")) {
+            optlist_add(&r.opts, k, o.v[i].value);
+        }
+    }
+
+    struct io_open_req old = g_req;
+    char *old_name = g_req_name ? bi_xstrdup(g_req_name) : NULL;
+    memset(&old.opts, 0, sizeof(old.opts));
+    for (int i = 0; i < g_req.opts.n; i++) {
+        optlist_add(&old.opts, g_req.opts.v[i].key, g_req.opts.v[i].value);
+    }
+    close_image();
+    g_reopening = true;
+    if (io_openfile(old_name, &r) == 0) {
+        ret = 0;
+    } else if (io_openfile(old_name, &old) != 0) {
+        io_error_report("could not open the image again as it was");
+    }
+    g_reopening = false;
+    free(old_name);
+    io_open_req_free(&old);
+out:
+    io_open_req_free(&r);
+    bi_optlist_free(&o);
+    return ret;
+}
+
 static int quit_f(int argc, char **argv)
 {
     g_quit = true;
@@ -2778,8 +3002,8 @@ static const struct cmdinfo *const cmdtab[] = {
     &abort_cmd,  &aio_flush_cmd, &aio_read_cmd, &aio_write_cmd, &alloc_cmd,
     &close_cmd,  &discard_cmd,   &flush_cmd,    &help_cmd,      &info_cmd,
     &length_cmd, &map_cmd,       &open_cmd,     &quit_cmd,      &read_cmd,
-    &readv_cmd,  &sigraise_cmd,  &sleep_cmd,    &truncate_cmd,  &write_cmd,
-    &writev_cmd,
+    &readv_cmd,  &reopen_cmd,    &sigraise_cmd, &sleep_cmd,     &truncate_cmd,
+    &write_cmd,  &writev_cmd,
 };
 
 static const struct cmdinfo *find_command(const char *cmd)
@@ -2899,9 +3123,13 @@ int io_command(const char *line)
 
 int io_shutdown(void)
 {
+    int ret = 0;
     drain();
     if (g_node) {
-        return close_image();
+        ret = close_image();
     }
-    return 0;
+    io_open_req_free(&g_req);
+    free(g_req_name);
+    g_req_name = NULL;
+    return ret;
 }
