@@ -857,7 +857,12 @@ static char *jstring(struct jparse *j)
         return NULL;
     }
     j->p++;
-    size_t cap = strlen(j->p) + 4, n = 0;
+    /* the raw string's length bounds the decoded one (escapes shrink) */
+    const char *e = j->p;
+    while (*e && *e != '"') {
+        e += (*e == '\\' && e[1]) ? 2 : 1;
+    }
+    size_t cap = (size_t)(e - j->p) + 4, n = 0;
     char *buf = bi_xmalloc(cap);
     while (*j->p && *j->p != '"') {
         if (*j->p == '\\') {
