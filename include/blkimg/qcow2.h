@@ -62,6 +62,23 @@ BI_EXPORT int bi_snapshot_load_tmp(bi_node *node, const char *id,
 BI_EXPORT int bi_snapshot_delete(bi_node *node, const char *name_or_id,
                                  bi_error *err);
 
+/* Persistent dirty bitmaps (qcow2 v3; qemu-img bitmap). Each call is
+ * one crash-safe update of the image (node open read-write); errors carry
+ * QEMU's text for the action. */
+/* Adds an empty bitmap; granularity 0: the default (cluster size, at least
+ * 4 KiB); disabled: not tracking guest writes. */
+BI_EXPORT int bi_bitmap_add(bi_node *node, const char *name,
+                            uint64_t granularity, bool disabled, bi_error *err);
+BI_EXPORT int bi_bitmap_remove(bi_node *node, const char *name, bi_error *err);
+BI_EXPORT int bi_bitmap_clear(bi_node *node, const char *name, bi_error *err);
+/* Enables (enable) or disables the bitmap. */
+BI_EXPORT int bi_bitmap_enable(bi_node *node, const char *name, bool enable,
+                               bi_error *err);
+/* Sets in bitmap name every bit set in bitmap src_name of src (NULL: the
+ * same node; any granularity; same image size). */
+BI_EXPORT int bi_bitmap_merge(bi_node *node, const char *name, bi_node *src,
+                              const char *src_name, bi_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -25,6 +25,7 @@ struct img_cmd {
 /* One line per implemented command. */
 static const struct img_cmd img_cmds[] = {
     {"amend", img_amend},       {"bench", img_bench},
+    {"bitmap", img_bitmap},
     {"check", img_check},       {"commit", img_commit},
     {"compare", img_compare},   {"convert", img_convert},
     {"create", img_create},     {"dd", img_dd},
@@ -42,6 +43,10 @@ static const struct {
 } img_syntax[] = {
     {"amend", "amend [--object objectdef] [--image-opts] [-p] [-q] [-f fmt] "
               "[-t cache] [--force] -o options filename"},
+    {"bitmap", "bitmap (--merge SOURCE | --add | --remove | --clear | "
+               "--enable | --disable)... [-b source_file [-F source_fmt]] "
+               "[-g granularity] [--object objectdef] [--image-opts | -f fmt] "
+               "filename bitmap"},
     {"bench", "bench [-c count] [-d depth] [-f fmt] "
               "[--flush-interval=flush_interval] [-i aio] [-n] [--no-drain] "
               "[-o offset] [--pattern=pattern] [-q] [-s buffer_size] "

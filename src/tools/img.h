@@ -11,6 +11,7 @@ int img_bench(int argc, char **argv);
 int img_probe(int argc, char **argv);
 int img_check(int argc, char **argv);
 int img_snapshot(int argc, char **argv);
+int img_bitmap(int argc, char **argv);
 int img_convert(int argc, char **argv);
 int img_compare(int argc, char **argv);
 int img_measure(int argc, char **argv);

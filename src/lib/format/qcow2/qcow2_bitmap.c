@@ -28,6 +28,7 @@
  * a resize: it fails on an in-use bitmap (as QEMU does) and otherwise
  * loads and resizes every bitmap, which are then stored at close.
  */
+#include "blkimg/qcow2.h"
 #include "qcow2.h"
 #include "util/util.h"
 
@@ -1051,4 +1052,690 @@ out:
     free(dir);
     bi_free_aligned(ones);
     return ret;
+}
+
+/* ------------------------------------------- qemu-img bitmap actions */
+/*
+ * Each action is one crash-safe transaction on disk: the new contents
+ * (if any) go to new data and table clusters, the new directory to new
+ * clusters, refcounts are flushed, then the header extension is switched
+ * to the new directory (one header write, flushed; added or dropped with
+ * the autoclear bit when the first bitmap comes or the last one goes),
+ * and only then are the old directory, table and data clusters freed. A
+ * crash before the switch leaks clusters only. Bitmaps we had marked in
+ * use (guest writes in this session) are stored first; the in-memory
+ * state is loaded again from disk after each action.
+ */
+
+static int act_err(bi_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int act_err(bi_error *err, int code, const char *fmt, ...)
+{
+    char buf[3000];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    bi_error_set(err, 0, "%s", buf);
+    if (err && err->code == 0)
+        err->code = code;
+    return code;
+}
+
+/* The bitmaps extension points at nb bitmaps in a directory of size bytes
+ * at off (nb == 0: no extension, autoclear bit cleared). One header write
+ * of the header cluster, flushed. */
+static int set_ext(bi_node *n, uint32_t nb, uint64_t size, uint64_t off)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t cs = s->cluster_size;
+    uint8_t *h = bi_blockalign(n->file, cs);
+    if (!h)
+        return -ENOMEM;
+    int ret = bi_co_pread(n->file, 0, h, cs);
+    if (ret < 0)
+        goto out;
+    uint64_t end = cs, bo = g64(h + QH_BACKING_OFFSET);
+    if (bo && bo < cs)
+        end = bo;
+    uint64_t pos = s->header_length, ext = 0, term = 0;
+    bool found_end = false;
+    while (pos + 8 <= end) {
+        uint32_t type = g32(h + pos), len = g32(h + pos + 4);
+        if (type == QCOW2_EXT_END) {
+            found_end = true;
+            break;
+        }
+        if (len > end - pos - 8)
+            break;
+        if (type == QCOW2_EXT_BITMAPS && !ext)
+            ext = pos;
+        pos += 8 + bi_align_up(len, 8);
+    }
+    ret = -EIO;
+    if (!found_end)
+        goto out;
+    term = pos;
+    uint8_t data[24] = {0};
+    p32(data, nb);
+    p64(data + 8, size);
+    p64(data + 16, off);
+    if (ext && g32(h + ext + 4) != 24)
+        goto out;
+    if (nb && ext) {
+        memcpy(h + ext + 8, data, 24);
+    } else if (nb) {
+        if (term + 32 + 8 > end) {
+            ret = -ENOSPC;
+            goto out;
+        }
+        p32(h + term, QCOW2_EXT_BITMAPS);
+        p32(h + term + 4, 24);
+        memcpy(h + term + 8, data, 24);
+        memset(h + term + 32, 0, 8);
+    } else if (ext) {
+        memmove(h + ext, h + ext + 32, term + 8 - (ext + 32));
+        memset(h + term - 24, 0, 32);
+    }
+    uint64_t ac = s->autoclear;
+    if (nb)
+        ac |= QCOW2_AUTOCLEAR_BITMAPS;
+    else
+        ac &= ~(uint64_t)QCOW2_AUTOCLEAR_BITMAPS;
+    p64(h + QH_AUTOCLEAR, ac);
+    ret = bi_co_pwrite(n->file, 0, h, cs, 0);
+    if (ret == 0)
+        ret = bi_co_flush(n->file);
+    if (ret == 0) {
+        s->autoclear = ac;
+        s->has_bitmaps = nb != 0;
+        s->nb_bitmaps = nb;
+        s->bitmap_dir_size = nb ? size : 0;
+        s->bitmap_dir_offset = nb ? off : 0;
+    }
+out:
+    bi_free_aligned(h);
+    return ret;
+}
+
+/* The on-disk directory now, one entry per bitmap (NULL if none). */
+struct edit_dir {
+    uint8_t *dir;
+    uint64_t size;
+    uint32_t nb;
+    uint64_t *pos; /* entry offsets */
+};
+
+static void edit_dir_free(struct edit_dir *d)
+{
+    free(d->dir);
+    free(d->pos);
+    memset(d, 0, sizeof(*d));
+}
+
+static int edit_dir_read(bi_node *n, struct edit_dir *d)
+{
+    qcow2_state *s = n->opaque;
+    memset(d, 0, sizeof(*d));
+    if (!s->bm_state && (!s->has_bitmaps || !s->nb_bitmaps ||
+                         !(s->autoclear & QCOW2_AUTOCLEAR_BITMAPS)))
+        return 0;
+    struct qc_bm_state *st = s->bm_state;
+    if (!st)
+        return -EIO; /* opened read-only or never validated */
+    d->size = st->dir_size;
+    d->nb = s->nb_bitmaps;
+    d->dir = malloc(d->size ? d->size : 1);
+    d->pos = calloc(d->nb ? d->nb : 1, sizeof(*d->pos));
+    if (!d->dir || !d->pos) {
+        edit_dir_free(d);
+        return -ENOMEM;
+    }
+    memcpy(d->dir, st->dir, d->size);
+    for (uint32_t i = 0; i < d->nb; i++)
+        d->pos[i] = st->bm[i].pos;
+    return 0;
+}
+
+static uint64_t entry_len(const uint8_t *e)
+{
+    return bi_align_up(BME_ENTRY_HDR + (uint64_t)g16(e + 18) + g32(e + 20), 8);
+}
+
+static int find_entry(const struct edit_dir *d, const char *name)
+{
+    size_t len = strlen(name);
+    for (uint32_t i = 0; i < d->nb; i++) {
+        int nl;
+        const char *p = entry_name(d->dir + d->pos[i], &nl);
+        if ((size_t)nl == len && !memcmp(p, name, len))
+            return (int)i;
+    }
+    return -1;
+}
+
+/* Loads the bitmap of entry e of node n (clusters validated at open) into
+ * a fresh struct (chunks only; freed with drop_loaded). */
+static int load_entry(bi_node *n, struct qc_bm_state *mem, const uint8_t *e,
+                      struct qc_bm *b)
+{
+    qcow2_state *s = n->opaque;
+    memset(b, 0, sizeof(*b));
+    b->nbits = bm_nbits(n->size, e[17]);
+    b->nchunks = bm_nchunks(s, b->nbits);
+    uint64_t *t = NULL;
+    int ret = bm_reserve(b, b->nchunks ? b->nchunks : 1);
+    if (ret == 0 && g32(e + 8) != b->nchunks)
+        ret = -EINVAL;
+    if (ret == 0)
+        ret = read_table(n, e, &t);
+    for (uint64_t c = 0; ret == 0 && c < b->nchunks; c++) {
+        uint64_t off = t[c] & BME_TE_OFFSET;
+        if (!off) {
+            b->chunks[c] = (t[c] & BME_TE_ALL_ONES) ? BM_ONES : NULL;
+            continue;
+        }
+        b->chunks[c] = new_chunk(n, mem, 0);
+        if (!b->chunks[c]) {
+            ret = -ENOMEM;
+            break;
+        }
+        ret = bi_co_pread(n->file, off, b->chunks[c], s->cluster_size);
+        clear_tail(s, b, c);
+    }
+    free(t);
+    b->loaded = ret == 0;
+    return ret;
+}
+
+static void drop_loaded(qcow2_state *s, struct qc_bm_state *mem,
+                        struct qc_bm *b)
+{
+    if (b->chunks)
+        free_chunks(mem, b, 0, s->cluster_size);
+    free(b->chunks);
+    memset(b, 0, sizeof(*b));
+}
+
+static bool bit_set(const qcow2_state *s, const struct qc_bm *b, uint64_t i)
+{
+    uint64_t per = s->cluster_size * 8;
+    const uint8_t *p = b->chunks[i / per];
+    if (!p)
+        return false;
+    if (p == BM_ONES)
+        return true;
+    uint64_t j = i % per;
+    return (p[j / 8] >> (j % 8)) & 1;
+}
+
+/* dst |= src (granularities gd, gs; both cover the same guest size). */
+static int merge_bits(bi_node *n, struct qc_bm_state *mem, struct qc_bm *dst,
+                      unsigned gd, bi_node *sn, const struct qc_bm *src,
+                      unsigned gs)
+{
+    qcow2_state *ss = sn->opaque;
+    uint64_t per = ss->cluster_size * 8;
+    for (uint64_t c = 0; c < src->nchunks; c++) {
+        const uint8_t *p = src->chunks[c];
+        if (!p)
+            continue;
+        uint64_t first = c * per, last = BI_MIN(first + per, src->nbits);
+        for (uint64_t i = first; i < last;) {
+            if (p != BM_ONES && (i % 8) == 0 && !p[(i - first) / 8]) {
+                i += 8;
+                continue;
+            }
+            if (!bit_set(ss, src, i)) {
+                i++;
+                continue;
+            }
+            uint64_t j = i + 1; /* run of set bits [i, j) */
+            while (j < last && bit_set(ss, src, j))
+                j++;
+            uint64_t a = i << gs, z = (j << gs) - 1;
+            uint64_t da = a >> gd, dz = BI_MIN(z >> gd, dst->nbits - 1);
+            if (da <= dz) {
+                int ret = set_bits(n, mem, dst, da, dz);
+                if (ret < 0)
+                    return ret;
+            }
+            i = j;
+        }
+    }
+    return 0;
+}
+
+/* Frees the table and data clusters of an entry (the old copy of a bitmap
+ * no longer referenced). An in-use bitmap's table was never validated:
+ * only clusters that are aligned, inside the file and not metadata are
+ * given back, the rest leaks. */
+static void free_entry_clusters(bi_node *n, const uint8_t *e)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t toff = g64(e);
+    uint32_t tsize = g32(e + 8);
+    uint64_t cs = s->cluster_size;
+    uint64_t tbytes = bi_align_up((uint64_t)tsize * 8, cs);
+    if (!toff || !tsize || (toff & (cs - 1)) || !in_file(s, toff, tbytes) ||
+        tsize > BME_MAX_TABLE_SIZE)
+        return;
+    uint64_t *t = NULL;
+    if (read_table(n, e, &t) < 0)
+        return;
+    for (uint32_t j = 0; j < tsize; j++) {
+        uint64_t off = t[j] & BME_TE_OFFSET;
+        if (!off || (t[j] & BME_TE_RESERVED) || (off & (cs - 1)) ||
+            !in_file(s, off, cs) || qc_check_overlap(n, 0, off, cs) < 0)
+            continue;
+        qc_update_refcount(n, off, cs, -1);
+    }
+    free(t);
+    if (qc_check_overlap(n, 0, toff, tbytes) == 0)
+        qc_update_refcount(n, toff, tbytes, -1);
+}
+
+/* Switches to directory nd (nb entries; the old entry old_e, if any, is
+ * freed after the switch) and loads the state again. */
+static int commit_dir(bi_node *n, const uint8_t *nd, uint64_t nsize,
+                      uint32_t nb, const uint8_t *old_e, bool *switched,
+                      bi_error *err)
+{
+    *switched = false;
+    qcow2_state *s = n->opaque;
+    uint64_t cs = s->cluster_size;
+    uint64_t old_off = s->bitmap_dir_offset, old_size = s->bitmap_dir_size;
+    bool had = s->bm_state != NULL;
+    uint32_t old_nb = s->nb_bitmaps;
+    int64_t off = 0;
+    uint64_t bytes = bi_align_up(nsize, cs);
+    int ret = 0;
+    if (nb) {
+        off = qc_alloc_clusters(n, bytes / cs);
+        if (off < 0)
+            return (int)off;
+        uint8_t *buf = bi_blockalign(n->file, bytes);
+        ret = -ENOMEM;
+        if (buf) {
+            memset(buf, 0, bytes);
+            memcpy(buf, nd, nsize);
+            ret = qc_check_overlap(n, 0, (uint64_t)off, bytes);
+            if (ret == 0)
+                ret = bi_co_pwrite(n->file, (uint64_t)off, buf, bytes, 0);
+            bi_free_aligned(buf);
+        }
+    }
+    if (ret == 0)
+        ret = qc_flush_metadata(n);
+    if (ret == 0)
+        ret = bi_co_flush(n->file);
+    if (ret == 0)
+        ret = set_ext(n, nb, nsize, (uint64_t)off);
+    if (ret < 0) {
+        if (nb)
+            qc_update_refcount(n, (uint64_t)off, bytes, -1);
+        return act_err(err, ret, "Can't update bitmap directory: %s",
+                       strerror(-ret));
+    }
+    /* the switch is done: the old copies are garbage now */
+    *switched = true;
+    if (old_e)
+        free_entry_clusters(n, old_e);
+    if (had && old_size)
+        qc_update_refcount(n, old_off, bi_align_up(old_size, cs), -1);
+    ret = qc_flush_metadata(n);
+    s->nb_bitmaps = old_nb; /* what the state in memory was built for */
+    qc_bitmaps_free(s);
+    qc_free_bitmaps(s);
+    s->nb_bitmaps = nb;
+    /* the checks of the new directory see the file as it is now */
+    int64_t fsz = bi_getlength(n->file);
+    if (fsz > 0 && (uint64_t)fsz > s->file_size)
+        s->file_size = (uint64_t)fsz;
+    if (ret == 0 && nb) {
+        ret = qc_bitmaps_open(n, true, err);
+        if (ret == 0)
+            ret = qc_read_bitmaps(n, err);
+    }
+    if (ret < 0 && err && !err->msg[0])
+        act_err(err, ret, "Can't update bitmap directory: %s", strerror(-ret));
+    return ret;
+}
+
+/* Writes the contents b for an entry (new data and table clusters). */
+static int write_contents(bi_node *n, struct qc_bm *b, uint64_t **t,
+                          uint64_t *toff)
+{
+    qcow2_state *s = n->opaque;
+    uint8_t *ones = bi_blockalign(n->file, s->cluster_size);
+    if (!ones)
+        return -ENOMEM;
+    *t = NULL;
+    int ret = store_one(n, b, ones, t, toff);
+    bi_free_aligned(ones);
+    if (ret < 0 && *t) {
+        free_table_clusters(n, *t, b->nchunks, *toff);
+        bi_free_aligned(*t);
+        *t = NULL;
+    }
+    return ret;
+}
+
+struct bm_act {
+    bi_node *n;
+    int op;
+    const char *name;
+    uint64_t granularity;
+    bool flag;
+    bi_node *src;
+    const char *src_name;
+    bi_error *err;
+};
+
+enum { ACT_ADD, ACT_REMOVE, ACT_CLEAR, ACT_ENABLE, ACT_MERGE };
+
+static const char *inconsistent_msg =
+    "Bitmap '%s' is inconsistent and cannot be used\n"
+    "Try block-dirty-bitmap-remove to delete this bitmap from disk";
+
+static int do_add(struct bm_act *a, struct edit_dir *d)
+{
+    bi_node *n = a->n;
+    qcow2_state *s = n->opaque;
+    bi_error *err = a->err;
+    const char *name = a->name;
+    uint64_t g = a->granularity;
+    if (!name[0])
+        return act_err(err, -EINVAL, "Bitmap name cannot be empty");
+    if (g && (g < 512 || (g & (g - 1)) || g > (1ULL << 31)))
+        return act_err(err, -EINVAL,
+                       "Granularity must be power of 2 and at least 512");
+    if (!g)
+        g = s->cluster_size < 4096 ? 4096 : s->cluster_size;
+    unsigned gbits = 0;
+    while ((1ULL << gbits) < g)
+        gbits++;
+    const char *pre = "Can't make bitmap '%s' persistent in '%s': %s";
+    size_t nl = strlen(name);
+    if (s->version < 3)
+        return act_err(err, -ENOTSUP, pre, name, n->filename,
+                       "Cannot store dirty bitmaps in qcow2 v2 files");
+    if (nl > BME_MAX_NAME_SIZE)
+        return act_err(err, -EINVAL, pre, name, n->filename,
+                       "Name length exceeds maximum (1023 characters)");
+    uint64_t nbits = bm_nbits(n->size, gbits);
+    uint64_t nchunks = bm_nchunks(s, nbits);
+    if (nchunks > BME_MAX_TABLE_SIZE ||
+        nchunks * s->cluster_size > BME_MAX_PHYS_SIZE)
+        return act_err(err, -EINVAL, pre, name, n->filename,
+                       "Too much space will be occupied by the bitmap. Use "
+                       "larger granularity");
+    if (d->nb >= BME_MAX_BITMAPS)
+        return act_err(err, -EINVAL, pre, name, n->filename,
+                       "Maximum number of persistent bitmaps is already "
+                       "reached");
+    uint64_t elen = bi_align_up(BME_ENTRY_HDR + nl, 8);
+    if (d->size + elen > BME_MAX_DIR_SIZE)
+        return act_err(err, -EINVAL, pre, name, n->filename,
+                       "Not enough space in the bitmap directory");
+    if (find_entry(d, name) >= 0)
+        return act_err(err, -EEXIST, "Bitmap already exists: %s", name);
+    if (!nchunks)
+        return act_err(err, -EINVAL, pre, name, n->filename,
+                       "Image size is zero");
+
+    struct qc_bm_state mem = {0};
+    struct qc_bm b = {0};
+    b.nbits = nbits;
+    b.nchunks = nchunks;
+    uint64_t *t = NULL, toff = 0;
+    int ret = bm_reserve(&b, nchunks);
+    if (ret == 0)
+        ret = write_contents(n, &b, &t, &toff);
+    drop_loaded(s, &mem, &b);
+    if (ret < 0)
+        return act_err(err, ret, "Could not write bitmap '%s': %s", name,
+                       strerror(-ret));
+    uint8_t *nd = calloc(1, d->size + elen);
+    if (!nd) {
+        free_table_clusters(n, t, nchunks, toff);
+        bi_free_aligned(t);
+        return -ENOMEM;
+    }
+    memcpy(nd, d->dir, d->size);
+    uint8_t *e = nd + d->size;
+    p64(e, toff);
+    p32(e + 8, (uint32_t)nchunks);
+    p32(e + 12, a->flag ? 0 : BME_FLAG_AUTO);
+    e[16] = BME_TYPE_DIRTY;
+    e[17] = (uint8_t)gbits;
+    e[18] = (uint8_t)(nl >> 8);
+    e[19] = (uint8_t)nl;
+    memcpy(e + BME_ENTRY_HDR, name, nl);
+    bool sw;
+    ret = commit_dir(n, nd, d->size + elen, d->nb + 1, NULL, &sw, err);
+    if (ret < 0 && !sw)
+        free_table_clusters(n, t, nchunks, toff);
+    bi_free_aligned(t);
+    free(nd);
+    return ret;
+}
+
+/* Removes entry i from d into a new buffer. */
+static uint8_t *without(const struct edit_dir *d, uint32_t i, uint64_t *size)
+{
+    uint64_t len = entry_len(d->dir + d->pos[i]);
+    uint8_t *nd = malloc(d->size - len + 1);
+    if (!nd)
+        return NULL;
+    memcpy(nd, d->dir, d->pos[i]);
+    memcpy(nd + d->pos[i], d->dir + d->pos[i] + len, d->size - d->pos[i] - len);
+    *size = d->size - len;
+    return nd;
+}
+
+static int bm_action_locked(struct bm_act *a)
+{
+    bi_node *n = a->n;
+    qcow2_state *s = n->opaque;
+    bi_error *err = a->err;
+    struct qc_bm_state *st = s->bm_state;
+    if (n->read_only)
+        return act_err(err, -EACCES, "Image '%s' is read-only", n->filename);
+    if (st && st->failed)
+        return act_err(err, -EIO,
+                       "Bitmaps of this image could not be "
+                       "updated");
+    if (st && st->begun) {
+        int ret = qc_bitmaps_store(n);
+        if (ret < 0)
+            return act_err(err, ret, "Could not store bitmaps: %s",
+                           strerror(-ret));
+        st->begun = false;
+    }
+    int ret = qc_before_write(n);
+    if (ret < 0)
+        return act_err(err, ret, "Could not update the image header: %s",
+                       strerror(-ret));
+    struct edit_dir d;
+    ret = edit_dir_read(n, &d);
+    if (ret < 0)
+        return act_err(err, ret, "Could not read the bitmap directory: %s",
+                       strerror(-ret));
+    if (a->op == ACT_ADD) {
+        ret = do_add(a, &d);
+        edit_dir_free(&d);
+        return ret;
+    }
+    int i = find_entry(&d, a->name);
+    if (i < 0) {
+        edit_dir_free(&d);
+        return act_err(err, -ENOENT, "Dirty bitmap '%s' not found", a->name);
+    }
+    uint8_t *e = d.dir + d.pos[i];
+    uint32_t flags = g32(e + 12);
+    uint8_t *nd = NULL;
+    uint64_t nsize = d.size;
+    bool sw = false;
+    if (a->op == ACT_REMOVE) {
+        nd = without(&d, (uint32_t)i, &nsize);
+        ret = nd ? commit_dir(n, nd, nsize, d.nb - 1, e, &sw, err) : -ENOMEM;
+        goto out;
+    }
+    if (flags & BME_FLAG_IN_USE) {
+        ret = act_err(err, -EBUSY, inconsistent_msg, a->name);
+        goto out;
+    }
+    nd = malloc(d.size);
+    if (!nd) {
+        ret = -ENOMEM;
+        goto out;
+    }
+    memcpy(nd, d.dir, d.size);
+    uint8_t *ne = nd + d.pos[i];
+    if (a->op == ACT_ENABLE) {
+        p32(ne + 12, a->flag ? flags | BME_FLAG_AUTO : flags & ~BME_FLAG_AUTO);
+        ret = commit_dir(n, nd, nsize, d.nb, NULL, &sw, err);
+        goto out;
+    }
+    /* clear or merge: new contents */
+    struct qc_bm_state mem = {0};
+    struct qc_bm b = {0}, sb = {0};
+    if (a->op == ACT_CLEAR) {
+        b.nbits = bm_nbits(n->size, e[17]);
+        b.nchunks = bm_nchunks(s, b.nbits);
+        ret = bm_reserve(&b, b.nchunks ? b.nchunks : 1);
+    } else {
+        bi_node *sn = a->src;
+        struct edit_dir sd = {0};
+        const uint8_t *se = NULL;
+        if (sn == n) {
+            int j = find_entry(&d, a->src_name);
+            se = j >= 0 ? d.dir + d.pos[j] : NULL;
+        } else if (sn->drv == &bi_drv_qcow2) {
+            ret = edit_dir_read(sn, &sd);
+            qcow2_state *ss = sn->opaque;
+            if (ret == -EIO && ss->nb_bitmaps && ss->bitmaps) {
+                /* opened read-only: read the directory as listed */
+                ret = 0;
+                sd.nb = 0;
+                uint8_t *tmp = malloc(ss->bitmap_dir_size);
+                if (tmp && bi_co_pread(sn->file, ss->bitmap_dir_offset, tmp,
+                                       ss->bitmap_dir_size) == 0) {
+                    sd.dir = tmp;
+                    sd.size = ss->bitmap_dir_size;
+                    sd.pos = calloc(ss->nb_bitmaps, sizeof(*sd.pos));
+                    for (uint64_t p = 0; sd.pos && sd.nb < ss->nb_bitmaps &&
+                                         p + BME_ENTRY_HDR <= sd.size;) {
+                        sd.pos[sd.nb++] = p;
+                        p += entry_len(tmp + p);
+                    }
+                } else {
+                    free(tmp);
+                }
+            }
+            int j = ret == 0 ? find_entry(&sd, a->src_name) : -1;
+            se = j >= 0 ? sd.dir + sd.pos[j] : NULL;
+        }
+        if (!se) {
+            ret = act_err(err, -ENOENT, "Dirty bitmap '%s' not found",
+                          a->src_name);
+        } else if (g32(se + 12) & BME_FLAG_IN_USE) {
+            ret = act_err(err, -EBUSY, inconsistent_msg, a->src_name);
+        } else if (sn->size != n->size) {
+            ret = act_err(err, -EINVAL,
+                          "Bitmaps are incompatible and can't be merged");
+        } else {
+            ret = load_entry(n, &mem, e, &b);
+            if (ret == 0)
+                ret = load_entry(sn, &mem, se, &sb);
+            if (ret == 0)
+                ret = merge_bits(n, &mem, &b, e[17], sn, &sb, se[17]);
+            if (ret < 0)
+                act_err(err, ret, "Could not merge bitmap '%s': %s",
+                        a->src_name, strerror(-ret));
+        }
+        drop_loaded(sn->opaque, &mem, &sb);
+        edit_dir_free(&sd);
+    }
+    uint64_t *t = NULL, toff = 0;
+    if (ret == 0) {
+        ret = write_contents(n, &b, &t, &toff);
+        if (ret < 0)
+            act_err(err, ret, "Could not write bitmap '%s': %s", a->name,
+                    strerror(-ret));
+    }
+    if (ret == 0) {
+        p64(ne, toff);
+        p32(ne + 8, (uint32_t)b.nchunks);
+        ret = commit_dir(n, nd, nsize, d.nb, e, &sw, err);
+        if (ret < 0 && !sw)
+            free_table_clusters(n, t, b.nchunks, toff);
+    }
+    bi_free_aligned(t);
+    drop_loaded(s, &mem, &b);
+out:
+    free(nd);
+    edit_dir_free(&d);
+    return ret;
+}
+
+static int bm_action_co(void *opaque)
+{
+    struct bm_act *a = opaque;
+    qcow2_state *s = a->n->opaque;
+    bi_co_mutex_lock(&s->lock);
+    int ret = bm_action_locked(a);
+    bi_co_mutex_unlock(&s->lock);
+    return ret;
+}
+
+static int bm_action(struct bm_act *a)
+{
+    if (a->n->drv != &bi_drv_qcow2) {
+        if (a->op == ACT_ADD)
+            return act_err(a->err, -ENOTSUP,
+                           "Can't store persistent bitmaps to %s: %s",
+                           a->n->filename, strerror(ENOTSUP));
+        return act_err(a->err, -ENOENT, "Dirty bitmap '%s' not found", a->name);
+    }
+    if (a->op == ACT_MERGE && a->src != a->n && a->src->drv != &bi_drv_qcow2)
+        return act_err(a->err, -ENOENT, "Dirty bitmap '%s' not found",
+                       a->src_name);
+    return bi_run_co(bm_action_co, a);
+}
+
+int bi_bitmap_add(bi_node *node, const char *name, uint64_t granularity,
+                  bool disabled, bi_error *err)
+{
+    struct bm_act a = {node,     ACT_ADD, name, granularity,
+                       disabled, NULL,    NULL, err};
+    return bm_action(&a);
+}
+
+int bi_bitmap_remove(bi_node *node, const char *name, bi_error *err)
+{
+    struct bm_act a = {node, ACT_REMOVE, name, 0, false, NULL, NULL, err};
+    return bm_action(&a);
+}
+
+int bi_bitmap_clear(bi_node *node, const char *name, bi_error *err)
+{
+    struct bm_act a = {node, ACT_CLEAR, name, 0, false, NULL, NULL, err};
+    return bm_action(&a);
+}
+
+int bi_bitmap_enable(bi_node *node, const char *name, bool enable,
+                     bi_error *err)
+{
+    struct bm_act a = {node, ACT_ENABLE, name, 0, enable, NULL, NULL, err};
+    return bm_action(&a);
+}
+
+int bi_bitmap_merge(bi_node *node, const char *name, bi_node *src,
+                    const char *src_name, bi_error *err)
+{
+    struct bm_act a = {node,  ACT_MERGE,        name,     0,
+                       false, src ? src : node, src_name, err};
+    return bm_action(&a);
 }

@@ -1,0 +1,191 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * blkimg bitmap: qemu-img bitmap compatible. Every --add, --remove,
+ * --clear, --enable, --disable and --merge is applied in the order given,
+ * each one as its own update of the image; the first failure stops (the
+ * actions before it stay done) with "Operation ... failed" and exit 1.
+ */
+#include "blkimg/blkimg.h"
+#include "blkimg/qcow2.h"
+#include "common.h"
+#include "img.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+enum { BM_ADD, BM_REMOVE, BM_CLEAR, BM_ENABLE, BM_DISABLE, BM_MERGE };
+
+static const char *const act_names[] = {"add",    "remove",  "clear",
+                                        "enable", "disable", "merge"};
+
+struct bm_action {
+    int act;
+    const char *src; /* --merge */
+};
+
+int img_bitmap(int argc, char **argv)
+{
+    static const struct option long_opts[] = {
+        {"help", no_argument, NULL, 'h'},
+        {"object", required_argument, NULL, 256},
+        {"image-opts", no_argument, NULL, 257},
+        {"add", no_argument, NULL, 258},
+        {"remove", no_argument, NULL, 259},
+        {"clear", no_argument, NULL, 260},
+        {"enable", no_argument, NULL, 261},
+        {"disable", no_argument, NULL, 262},
+        {"merge", required_argument, NULL, 263},
+        {"granularity", required_argument, NULL, 'g'},
+        {"source-file", required_argument, NULL, 'b'},
+        {"source-format", required_argument, NULL, 'F'},
+        {NULL, 0, NULL, 0},
+    };
+    struct tool_image ti;
+    struct bm_action *acts = calloc((size_t)argc + 1, sizeof(*acts));
+    int nacts = 0, c;
+    bool add = false, merge = false;
+    int64_t granularity = 0;
+    const char *src_file = NULL, *src_fmt = NULL;
+
+    if (!acts)
+        return 1;
+    tool_image_init(&ti);
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":b:hf:F:g:", long_opts, NULL)) != -1) {
+        switch (c) {
+        case ':':
+        case '?':
+            tool_getopt_error(c, argv);
+        case 'h':
+            printf("usage: %s bitmap (--merge SOURCE | --add | --remove | "
+                   "--clear | --enable | --disable)... [-b source_file "
+                   "[-F source_fmt]] [-g granularity] [--object objectdef] "
+                   "[--image-opts | -f fmt] filename bitmap\n",
+                   tool_prog);
+            free(acts);
+            return 0;
+        case 'b':
+            src_file = optarg;
+            break;
+        case 'f':
+            ti.fmt = optarg;
+            break;
+        case 'F':
+            src_fmt = optarg;
+            break;
+        case 'g':
+            granularity = tool_cvtnum("granularity", optarg);
+            if (granularity < 0) {
+                free(acts);
+                return 1;
+            }
+            break;
+        case 256:
+            break;
+        case 257:
+            ti.image_opts = true;
+            break;
+        case 258:
+        case 259:
+        case 260:
+        case 261:
+        case 262:
+            acts[nacts++].act = c - 258;
+            add |= c == 258;
+            break;
+        case 263:
+            acts[nacts].act = BM_MERGE;
+            acts[nacts++].src = optarg;
+            merge = true;
+            break;
+        }
+    }
+    int ret = 1;
+    bi_node *n = NULL, *src = NULL;
+    if (!nacts) {
+        tool_error("Need at least one of --add, --remove, --clear, --enable, "
+                   "--disable, or --merge");
+        goto out;
+    }
+    if (granularity && !add) {
+        tool_error("granularity only supported with --add");
+        goto out;
+    }
+    if (src_fmt && !src_file) {
+        tool_error("-F only supported with -b");
+        goto out;
+    }
+    if (src_file && !merge) {
+        tool_error("Merge bitmap source file only supported with --merge");
+        goto out;
+    }
+    if (optind != argc - 2) {
+        tool_error("Expecting filename and bitmap name");
+        goto out;
+    }
+    ti.filename = argv[optind];
+    const char *bitmap = argv[optind + 1];
+    ti.read_write = true;
+    n = tool_open(&ti);
+    if (!n)
+        goto out;
+    if (src_file) {
+        struct tool_image si;
+        tool_image_init(&si);
+        si.filename = src_file;
+        si.fmt = src_fmt;
+        src = tool_open(&si);
+        if (!src)
+            goto out;
+    }
+    ret = 0;
+    for (int i = 0; i < nacts && ret == 0; i++) {
+        bi_error err;
+        bi_error_init(&err);
+        int r = 0;
+        switch (acts[i].act) {
+        case BM_ADD:
+            r = bi_bitmap_add(n, bitmap, (uint64_t)granularity, false, &err);
+            break;
+        case BM_REMOVE:
+            r = bi_bitmap_remove(n, bitmap, &err);
+            break;
+        case BM_CLEAR:
+            r = bi_bitmap_clear(n, bitmap, &err);
+            break;
+        case BM_ENABLE:
+        case BM_DISABLE:
+            r = bi_bitmap_enable(n, bitmap, acts[i].act == BM_ENABLE, &err);
+            break;
+        case BM_MERGE:
+            r = bi_bitmap_merge(n, bitmap, src ? src : n, acts[i].src, &err);
+            break;
+        }
+        if (r < 0) {
+            tool_error("Operation %s on bitmap %s failed: %s",
+                       act_names[acts[i].act], bitmap,
+                       err.msg[0] ? err.msg : strerror(-r));
+            ret = 1;
+        }
+    }
+out:
+    if (src) {
+        bi_error e;
+        bi_error_init(&e);
+        bi_close(src, &e);
+    }
+    if (n) {
+        bi_error e;
+        bi_error_init(&e);
+        if (bi_close(n, &e) < 0 && ret == 0) {
+            tool_report(&e);
+            ret = 1;
+        }
+    }
+    free(acts);
+    return ret;
+}
