@@ -64,7 +64,11 @@ BI_EXPORT int bi_snapshot_delete(bi_node *node, const char *name_or_id,
 
 /* Persistent dirty bitmaps (qcow2 v3; qemu-img bitmap). Each call is
  * one crash-safe update of the image (node open read-write); errors carry
- * QEMU's text for the action. */
+ * QEMU's text for the action. Errors that name a bitmap (the message may
+ * be cut for long names) have their own code: -ENOENT bitmap name not
+ * found, -ENXIO merge source not found, -EEXIST name exists, -ENAMETOOLONG
+ * name over 1023 bytes, -EBUSY bitmap name in use (inconsistent), -ESTALE
+ * merge source in use. */
 /* Adds an empty bitmap; granularity 0: the default (cluster size, at least
  * 4 KiB); disabled: not tracking guest writes. */
 BI_EXPORT int bi_bitmap_add(bi_node *node, const char *name,

@@ -26,6 +26,45 @@ struct bm_action {
     const char *src; /* --merge */
 };
 
+/* The errors naming a bitmap are written here in full (the library's
+ * one-line message has a bounded length; names go up to 1023 bytes). */
+static void report(const char *act, const char *bitmap, const char *src,
+                   bi_node *n, int r, const bi_error *err)
+{
+    static const char *const inconsistent =
+        "Bitmap '%s' is inconsistent and cannot be used\n"
+        "Try block-dirty-bitmap-remove to delete this bitmap from disk";
+    const char *name = r == -ENXIO || r == -ESTALE ? src : bitmap;
+    const char *fmt = NULL;
+    switch (r) {
+    case -ENOENT:
+    case -ENXIO:
+        fmt = "Dirty bitmap '%s' not found";
+        break;
+    case -EEXIST:
+        fmt = "Bitmap already exists: %s";
+        break;
+    case -EBUSY:
+    case -ESTALE:
+        fmt = inconsistent;
+        break;
+    case -ENAMETOOLONG:
+        fprintf(stderr,
+                "%s: Operation %s on bitmap %s failed: Can't make bitmap "
+                "'%s' persistent in '%s': Name length exceeds maximum (1023 "
+                "characters)\n",
+                tool_prog, act, bitmap, bitmap, bi_node_filename(n));
+        return;
+    }
+    fprintf(stderr, "%s: Operation %s on bitmap %s failed: ", tool_prog, act,
+            bitmap);
+    if (fmt)
+        fprintf(stderr, fmt, name);
+    else
+        fputs(err->msg[0] ? err->msg : strerror(-r), stderr);
+    fputc('\n', stderr);
+}
+
 int img_bitmap(int argc, char **argv)
 {
     static const struct option long_opts[] = {
@@ -166,9 +205,7 @@ int img_bitmap(int argc, char **argv)
             break;
         }
         if (r < 0) {
-            tool_error("Operation %s on bitmap %s failed: %s",
-                       act_names[acts[i].act], bitmap,
-                       err.msg[0] ? err.msg : strerror(-r));
+            report(act_names[acts[i].act], bitmap, acts[i].src, n, r, &err);
             ret = 1;
         }
     }

@@ -1461,7 +1461,7 @@ static int do_add(struct bm_act *a, struct edit_dir *d)
         return act_err(err, -ENOTSUP, pre, name, n->filename,
                        "Cannot store dirty bitmaps in qcow2 v2 files");
     if (nl > BME_MAX_NAME_SIZE)
-        return act_err(err, -EINVAL, pre, name, n->filename,
+        return act_err(err, -ENAMETOOLONG, pre, name, n->filename,
                        "Name length exceeds maximum (1023 characters)");
     uint64_t nbits = bm_nbits(n->size, gbits);
     uint64_t nchunks = bm_nchunks(s, nbits);
@@ -1638,10 +1638,10 @@ static int bm_action_locked(struct bm_act *a)
             se = j >= 0 ? sd.dir + sd.pos[j] : NULL;
         }
         if (!se) {
-            ret = act_err(err, -ENOENT, "Dirty bitmap '%s' not found",
+            ret = act_err(err, -ENXIO, "Dirty bitmap '%s' not found",
                           a->src_name);
         } else if (g32(se + 12) & BME_FLAG_IN_USE) {
-            ret = act_err(err, -EBUSY, inconsistent_msg, a->src_name);
+            ret = act_err(err, -ESTALE, inconsistent_msg, a->src_name);
         } else if (sn->size != n->size) {
             ret = act_err(err, -EINVAL,
                           "Bitmaps are incompatible and can't be merged");
@@ -1700,7 +1700,7 @@ static int bm_action(struct bm_act *a)
         return act_err(a->err, -ENOENT, "Dirty bitmap '%s' not found", a->name);
     }
     if (a->op == ACT_MERGE && a->src != a->n && a->src->drv != &bi_drv_qcow2)
-        return act_err(a->err, -ENOENT, "Dirty bitmap '%s' not found",
+        return act_err(a->err, -ENXIO, "Dirty bitmap '%s' not found",
                        a->src_name);
     return bi_run_co(bm_action_co, a);
 }
