@@ -21,8 +21,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CM_COROUTINES 16          /* QEMU's mirror: 16 requests in flight */
-#define CM_BUF_SIZE (1024 * 1024) /* its largest request */
+/* 16 requests in flight as QEMU's commit job; data copied up to 2 MiB at
+ * once (QEMU: 1 MiB; the size changes nothing in the result, and with
+ * O_DIRECT 2 MiB requests measured faster) */
+#define CM_COROUTINES 16
+#define CM_BUF_SIZE (2 * 1024 * 1024)
 
 static bool same_file(const char *a, const char *b)
 {

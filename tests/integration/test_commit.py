@@ -4,6 +4,7 @@ exit code, then every image of the chain: guest bytes, allocation (host
 offsets aside: the order clusters are allocated in may differ) and
 qemu-img check; the top's view is unchanged by the commit."""
 import os
+import re
 import signal
 import subprocess
 import time
@@ -65,14 +66,20 @@ CASES = [
 ]
 
 
+def dateless(lines):
+    """Snapshot dates: the twin chains are built a moment apart."""
+    return [re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", "DATE", l)
+            for l in lines]
+
+
 def compare_chain(qemu_img, q, b, tmp_path, images=IMAGES, file_holes=False):
     for img in images:
         assert guest_bytes(qemu_img, b / img, tmp_path) == \
             guest_bytes(qemu_img, q / img, tmp_path), img
         assert layout(qemu_img, b / img, file_holes) == \
             layout(qemu_img, q / img, file_holes), img
-        assert info_lines(qemu_img, b / img) == \
-            info_lines(qemu_img, q / img), img
+        assert dateless(info_lines(qemu_img, b / img)) == \
+            dateless(info_lines(qemu_img, q / img)), img
         assert check_ok(qemu_img, b / img)[0] == 0, img
 
 

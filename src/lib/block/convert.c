@@ -304,7 +304,6 @@ static int64_t cursor_next(struct cv_state *s, struct cv_cursor *c,
 /* ------------------------------------------------- commit and rebase */
 
 #define COMMIT_RUN_MAX (16ULL * 1024 * 1024) /* QEMU mirror's buffer */
-#define COMMIT_IO_MAX (1ULL * 1024 * 1024)   /* its largest copy */
 #define REBASE_STEP (2ULL * 1024 * 1024)     /* qemu-img's IO_BUF_SIZE */
 
 /* QEMU's qcow2 block status never reports past the L2 table (slice) it
@@ -415,7 +414,9 @@ static int64_t commit_next(struct cv_state *s, struct cv_cursor *c,
     n = span_cut(s, 0, st.depth, pos, n);
     bool data = (st.flags & BI_BS_DATA) != 0;
     if (data) {
-        n = BI_MIN(n, COMMIT_IO_MAX);
+        /* QEMU copies at most 1 MiB at once; larger copies of data change
+         * nothing in the result */
+        n = BI_MIN(n, s->buf_size);
     }
     n = bi_align_down(n, g);
     *kind = CK_DATA;
