@@ -2,12 +2,14 @@
 """blkimg resize against qemu-img 7.2: messages, exit codes and the
 resulting image (size, bytes, allocation; qcow2 checked and compared)."""
 import os
+import re
 import shutil
 import subprocess
 
 import pytest
 
-from test_convert_helpers import MiB, blocks, make_raw, read, run2
+from ops_helpers import layout
+from test_convert_helpers import MiB, blocks, data_map, make_raw, read, run2
 
 pytestmark = pytest.mark.qemu
 
@@ -113,3 +115,227 @@ def test_resize_qcow2(qemu_img, blkimg, tmp_path, case):
     cp = subprocess.run([qemu_img, "compare", "-s", q, b],
                         capture_output=True, text=True)
     assert cp.stdout == "Images are identical.\n"
+
+
+# ---- qcow2 growth with preallocation, shrink across L2 tables, backing
+# files, external data files and snapshots: the same image as qemu-img's
+# (bytes of the image file and its data file, map, file size), check clean
+
+QIO = shutil.which("qemu-io") or "qemu-io"
+
+
+def _sh(*cmd, cwd=None):
+    subprocess.run([str(c) for c in cmd], check=True, capture_output=True,
+                   cwd=cwd)
+
+
+def _twin_qcow2(qemu_img, tmp_path, create, size, io, snaps=()):
+    """q.qcow2 and b.qcow2 (in q/ and b/), made the same way with qemu-img
+    and qemu-io; a base.qcow2 (64M of 0x09) beside them for backing."""
+    out = []
+    for d in ("q", "b"):
+        dd = tmp_path / d
+        dd.mkdir()
+        _sh(qemu_img, "create", "-q", "-f", "qcow2", "base.qcow2", "64M",
+            cwd=dd)
+        _sh(QIO, "-c", "write -P 9 0 64M", "base.qcow2", cwd=dd)
+        _sh(qemu_img, "create", "-q", "-f", "qcow2", *create, "img.qcow2",
+            size, cwd=dd)
+        for c in io:
+            _sh(QIO, "-c", c, "img.qcow2", cwd=dd)
+        for name, cmds in snaps:
+            _sh(qemu_img, "snapshot", "-c", name, "img.qcow2", cwd=dd)
+            for c in cmds:
+                _sh(QIO, "-c", c, "img.qcow2", cwd=dd)
+        out.append(dd)
+    return out
+
+
+def _qmap(qemu_img, img):
+    cp = subprocess.run([qemu_img, "map", "-U", "--output=json", img.name],
+                        capture_output=True, text=True, check=True,
+                        cwd=img.parent)
+    return [re.sub(r'"filename": "[^"]*"', "", line)
+            for line in cp.stdout.splitlines()]
+
+
+def _check_clean(qemu_img, img):
+    # in the image's directory: qemu-img opens a relative data file name
+    # from the working directory
+    cp = subprocess.run([qemu_img, "check", img.name], capture_output=True,
+                        text=True, cwd=img.parent)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    assert "No errors were found" in cp.stdout
+
+
+def _resize_both(qemu_img, blkimg, q, b, args):
+    """resize [options] img.qcow2 SIZE (args: the options, then SIZE)."""
+    argv = ["resize"] + args[:-1] + ["img.qcow2", args[-1]]
+    return run2(qemu_img, argv, cwd=q), run2(blkimg, argv, cwd=b)
+
+
+def _header_cluster_same(q, b):
+    """Whole image files equal but for the data file's name."""
+    with open(q / "img.qcow2", "rb") as f:
+        dq = f.read()
+    with open(b / "img.qcow2", "rb") as f:
+        db = f.read()
+    return dq == db
+
+
+PREALLOC_CASES = [
+    # (create options, size, qemu-io commands, resize arguments)
+    ([], "10M", ["write -P 1 0 9M"], ["--preallocation=metadata", "30M"]),
+    ([], "10M", ["write -P 1 0 9M"], ["--preallocation=falloc", "30M"]),
+    ([], "10M", ["write -P 1 0 9M"], ["--preallocation=full", "30M"]),
+    ([], "10M", ["write -P 1 0 9M"], ["--preallocation=off", "30M"]),
+    ([], "10M", ["write -P 1 0 9M"], ["--preallocation=metadata", "3G"]),
+    ([], "10M", ["write -P 1 0 9M"], ["--preallocation=falloc", "+600M"]),
+    # unaligned new end: the rest of the last cluster as QEMU leaves it
+    ([], "10M", ["write -P 1 0 9M"], ["--preallocation=metadata", "10241k"]),
+    ([], "10M", ["write -P 1 0 9M"], ["--preallocation=metadata", "20001k"]),
+    ([], "10M", ["write -P 1 0 9M"], ["--preallocation=falloc", "10241k"]),
+    # unaligned old end: its partial cluster carried over
+    ([], "10241k", ["write -P 1 0 10241k"],
+     ["--preallocation=metadata", "30M"]),
+    ([], "10241k", ["write -P 1 0 10241k"], ["--preallocation=falloc", "30M"]),
+    ([], "10241k", ["write -P 1 0 1k"], ["--preallocation=full", "10242k"]),
+    (["-o", "extended_l2=on"], "10M", ["write -P 1 0 9M"],
+     ["--preallocation=metadata", "100M"]),
+    (["-o", "extended_l2=on"], "10M", ["write -P 1 0 9M"],
+     ["--preallocation=falloc", "100M"]),
+    (["-o", "extended_l2=on"], "10241k", ["write -P 1 0 10241k"],
+     ["--preallocation=falloc", "100M"]),
+    (["-o", "compat=0.10"], "10M", ["write -P 1 0 9M"],
+     ["--preallocation=falloc", "100M"]),
+    (["-o", "cluster_size=2M"], "10M", ["write -P 1 0 9M"],
+     ["--preallocation=metadata", "100M"]),
+    (["-o", "cluster_size=512"], "10M", ["write -P 1 0 9M"],
+     ["--preallocation=falloc", "100M"]),
+    (["-o", "cluster_size=512"], "10M", ["write -P 1 0 9M"],
+     ["--preallocation=metadata", "100M"]),
+    (["-o", "refcount_bits=1"], "10M", ["write -P 1 0 9M"],
+     ["--preallocation=falloc", "100M"]),
+    # a backing file reaching past the old end must not show through
+    (["-b", "base.qcow2", "-F", "qcow2"], "10M", ["write -P 1 0 9M"],
+     ["100M"]),
+    (["-b", "base.qcow2", "-F", "qcow2"], "10M", ["write -P 1 0 9M"],
+     ["--preallocation=metadata", "100M"]),
+    (["-b", "base.qcow2", "-F", "qcow2"], "10M", ["write -P 1 0 9M"],
+     ["--preallocation=falloc", "100M"]),
+    (["-b", "base.qcow2", "-F", "qcow2"], "10241k", ["write -P 1 0 10241k"],
+     ["30M"]),
+    (["-b", "base.qcow2", "-F", "qcow2", "-o", "extended_l2=on"], "10M",
+     ["write -P 1 0 9M"], ["--preallocation=metadata", "100M"]),
+    (["-b", "base.qcow2", "-F", "qcow2", "-o", "compat=0.10"], "10M",
+     ["write -P 1 0 9M"], ["100M"]),
+    # shrink: L2 tables past the end freed, the file cut as QEMU does
+    ([], "3G", ["write -P 1 0 1M", "write -P 2 1500M 2M",
+                "write -P 3 2900M 1M"], ["--shrink", "100M"]),
+    ([], "3G", ["write -P 1 0 1M", "write -P 2 1500M 2M",
+                "write -P 3 2900M 1M"], ["--shrink", "1600M"]),
+    ([], "10M", ["write -P 1 0 9M"], ["--shrink", "3000k"]),
+    # errors
+    ([], "10M", ["write -P 1 0 9M"], ["--preallocation=metadata", "5M"]),
+    ([], "10M", ["write -P 1 0 9M"],
+     ["--preallocation=falloc", "--shrink", "5M"]),
+    ([], "10M", ["write -P 1 0 9M"], ["--preallocation=full", "10M"]),
+    ([], "10M", ["write -P 1 0 9M"], ["--preallocation=bogus", "20M"]),
+    ([], "10M", ["write -P 1 0 9M"], ["--preallocation=metadata",
+                                      "10485761"]),
+    ([], "10M", ["write -P 1 0 9M"], ["10485761"]),
+]
+
+
+def _pid(c):
+    return " ".join(c[0] + [c[1]] + c[3])
+
+
+@pytest.mark.parametrize("case", PREALLOC_CASES, ids=_pid)
+def test_resize_qcow2_prealloc(qemu_img, blkimg, tmp_path, case):
+    create, size, io, args = case
+    q, b = _twin_qcow2(qemu_img, tmp_path, create, size, io)
+    rq, rb = _resize_both(qemu_img, blkimg, q, b, args)
+    assert rb == rq
+    qi, bi = q / "img.qcow2", b / "img.qcow2"
+    # metadata preallocation needing new refcount blocks: QEMU puts them
+    # after the run they describe, blkimg before it (same map otherwise)
+    exact = not (args[0] == "--preallocation=metadata" and
+                 ("cluster_size=512" in create or args[-1] == "3G"))
+    if exact:
+        assert os.path.getsize(bi) == os.path.getsize(qi)
+    _check_clean(qemu_img, bi)
+    cp = subprocess.run([qemu_img, "compare", qi, bi], capture_output=True,
+                        text=True)
+    assert cp.stdout == "Images are identical.\n", cp.stdout
+    if exact:
+        assert _qmap(qemu_img, bi) == _qmap(qemu_img, qi)
+        assert _header_cluster_same(q, b)
+    else:
+        # which clusters are holes in the file differs with the layout
+        assert layout(qemu_img, bi, file_holes=True) == \
+            layout(qemu_img, qi, file_holes=True)
+    if any(a.startswith("--preallocation=f") for a in args) and rq[0] == 0:
+        # the data clusters are allocated in the file as QEMU's
+        assert data_map(bi) == data_map(qi)
+
+
+@pytest.mark.parametrize("args", [["--preallocation=off", "30M"],
+                                  ["--preallocation=metadata", "30M"],
+                                  ["--preallocation=falloc", "30M"],
+                                  ["--preallocation=full", "30M"],
+                                  ["--shrink", "5M"]], ids=" ".join)
+@pytest.mark.parametrize("raw", [False, True], ids=["data", "data-raw"])
+def test_resize_qcow2_data_file(qemu_img, blkimg, tmp_path, args, raw):
+    """External data file: mapped at the guest offsets, the data file grown
+    (with the preallocation) or cut as qemu-img does."""
+    opt = "data_file=img.data" + (",data_file_raw=on" if raw else "")
+    q, b = _twin_qcow2(qemu_img, tmp_path, ["-o", opt], "10M",
+                       ["write -P 1 0 9M"])
+    rq, rb = _resize_both(qemu_img, blkimg, q, b, args)
+    assert rb == rq == (0, b"Image resized.\n", "")
+    for name in ("img.qcow2", "img.data"):
+        assert os.path.getsize(b / name) == os.path.getsize(q / name)
+        assert read(b / name) == read(q / name)
+    assert data_map(b / "img.data") == data_map(q / "img.data")
+    _check_clean(qemu_img, b / "img.qcow2")
+    assert _qmap(qemu_img, b / "img.qcow2") == _qmap(qemu_img, q / "img.qcow2")
+
+
+@pytest.mark.parametrize("args", [["20M"], ["--shrink", "5M"],
+                                  ["--preallocation=falloc", "20M"],
+                                  ["--preallocation=metadata", "20M"]],
+                         ids=" ".join)
+def test_resize_qcow2_snapshots(qemu_img, blkimg, tmp_path, args):
+    """v3 images with internal snapshots resize (the snapshots keep their
+    size and contents); v2 ones are refused as by qemu-img."""
+    snaps = [("s1", ["write -P 2 4M 6M", "write -z 0 64k"])]
+    q, b = _twin_qcow2(qemu_img, tmp_path, [], "10M", ["write -P 1 0 9M"],
+                       snaps)
+    rq, rb = _resize_both(qemu_img, blkimg, q, b, args)
+    assert rb == rq == (0, b"Image resized.\n", "")
+    # (the snapshot tables differ in their dates)
+    assert os.path.getsize(b / "img.qcow2") == os.path.getsize(q / "img.qcow2")
+    assert _qmap(qemu_img, b / "img.qcow2") == _qmap(qemu_img, q / "img.qcow2")
+    _check_clean(qemu_img, b / "img.qcow2")
+    for d in (q, b):
+        _sh(qemu_img, "convert", "-l", "snapshot.name=s1", "-O", "raw",
+            "img.qcow2", "s1.raw", cwd=d)
+        _sh(qemu_img, "snapshot", "-a", "s1", "img.qcow2", cwd=d)
+    assert read(b / "s1.raw") == read(q / "s1.raw")
+    s1 = read(b / "s1.raw")[:9 << 20]
+    assert s1 == b"\x01" * len(s1)
+    _check_clean(qemu_img, b / "img.qcow2")
+    cp = subprocess.run([qemu_img, "compare", q / "img.qcow2",
+                         b / "img.qcow2"], capture_output=True, text=True)
+    assert cp.stdout == "Images are identical.\n"
+
+
+def test_resize_qcow2_v2_snapshots_refused(qemu_img, blkimg, tmp_path):
+    q, b = _twin_qcow2(qemu_img, tmp_path, ["-o", "compat=0.10"], "10M",
+                       ["write -P 1 0 1M"], [("s1", [])])
+    rq, rb = _resize_both(qemu_img, blkimg, q, b, ["20M"])
+    assert rb == rq
+    assert rq[0] == 1 and "Can't resize a v2 image which has snapshots" in rq[2]
+    _check_clean(qemu_img, b / "img.qcow2")
+    assert _qmap(qemu_img, b / "img.qcow2") == _qmap(qemu_img, q / "img.qcow2")

@@ -1285,7 +1285,9 @@ int qc_grow_l1(bi_node *n, uint64_t min_size)
     if (ret == 0)
         ret = qc_check_overlap(n, 0, (uint64_t)off, bytes);
     if (ret == 0)
-        ret = bi_co_pwrite(n->file, (uint64_t)off, be, bytes, 0);
+        /* the entries only, as QEMU (the rest of the cluster is never
+         * read; the file does not get a cluster of zeroes) */
+        ret = bi_co_pwrite(n->file, (uint64_t)off, be, new_size * 8, 0);
     free(be);
     if (ret == 0)
         ret = bi_co_flush(n->file);
