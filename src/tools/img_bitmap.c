@@ -98,6 +98,7 @@ int img_bitmap(int argc, char **argv)
         switch (c) {
         case ':':
         case '?':
+            free(acts);
             tool_getopt_error(c, argv);
         case 'h':
             printf("usage: %s bitmap (--merge SOURCE | --add | --remove | "

@@ -1502,7 +1502,8 @@ static int do_add(struct bm_act *a, struct edit_dir *d)
         bi_free_aligned(t);
         return -ENOMEM;
     }
-    memcpy(nd, d->dir, d->size);
+    if (d->size)
+        memcpy(nd, d->dir, d->size);
     uint8_t *e = nd + d->size;
     p64(e, toff);
     p32(e + 8, (uint32_t)nchunks);
