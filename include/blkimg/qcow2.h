@@ -83,6 +83,19 @@ BI_EXPORT int bi_bitmap_enable(bi_node *node, const char *name, bool enable,
 BI_EXPORT int bi_bitmap_merge(bi_node *node, const char *name, bi_node *src,
                               const char *src_name, bi_error *err);
 
+/* The image can hold persistent bitmaps (qcow2 v3). */
+BI_EXPORT bool bi_bitmap_supported(bi_node *node);
+/* The persistent bitmaps in directory order (qcow2; else -ENOTSUP). */
+struct bi_bitmap_info {
+    char *name;
+    uint64_t granularity;
+    bool enabled; /* tracks guest writes ("auto") */
+    bool in_use;  /* inconsistent: not saved after use */
+};
+BI_EXPORT int bi_bitmap_list(bi_node *node, struct bi_bitmap_info **out,
+                             int *count);
+BI_EXPORT void bi_bitmap_list_free(struct bi_bitmap_info *v, int count);
+
 #ifdef __cplusplus
 }
 #endif

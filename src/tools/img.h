@@ -12,6 +12,12 @@ int img_probe(int argc, char **argv);
 int img_check(int argc, char **argv);
 int img_snapshot(int argc, char **argv);
 int img_bitmap(int argc, char **argv);
+/* convert --bitmaps (img_bitmap.c): checks before the copy, copy after;
+ * both print qemu-img's errors and return -1 on failure. */
+struct bi_node;
+int cv_check_bitmaps(struct bi_node *src, _Bool skip_broken);
+int cv_copy_bitmaps(struct bi_node *src, struct bi_node *dst,
+                    _Bool skip_broken);
 int img_convert(int argc, char **argv);
 int img_compare(int argc, char **argv);
 int img_measure(int argc, char **argv);

@@ -9,6 +9,7 @@
 #include "blkimg/qcow2.h"
 #include "common.h"
 #include "img.h"
+#include "util/util.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -26,9 +27,10 @@ struct bm_action {
     const char *src; /* --merge */
 };
 
-/* The errors naming a bitmap are written here in full (the library's
- * one-line message has a bounded length; names go up to 1023 bytes). */
-static void report(const char *act, const char *bitmap, const char *src,
+/* "<prefix>: <error>" on stderr. The errors naming a bitmap are written
+ * here in full (the library's one-line message has a bounded length;
+ * names go up to 1023 bytes). */
+static void report(const char *prefix, const char *bitmap, const char *src,
                    bi_node *n, int r, const bi_error *err)
 {
     static const char *const inconsistent =
@@ -36,6 +38,7 @@ static void report(const char *act, const char *bitmap, const char *src,
         "Try block-dirty-bitmap-remove to delete this bitmap from disk";
     const char *name = r == -ENXIO || r == -ESTALE ? src : bitmap;
     const char *fmt = NULL;
+    fprintf(stderr, "%s: %s: ", tool_prog, prefix);
     switch (r) {
     case -ENOENT:
     case -ENXIO:
@@ -50,19 +53,25 @@ static void report(const char *act, const char *bitmap, const char *src,
         break;
     case -ENAMETOOLONG:
         fprintf(stderr,
-                "%s: Operation %s on bitmap %s failed: Can't make bitmap "
-                "'%s' persistent in '%s': Name length exceeds maximum (1023 "
-                "characters)\n",
-                tool_prog, act, bitmap, bitmap, bi_node_filename(n));
+                "Can't make bitmap '%s' persistent in '%s': Name length "
+                "exceeds maximum (1023 characters)\n",
+                bitmap, bi_node_filename(n));
         return;
     }
-    fprintf(stderr, "%s: Operation %s on bitmap %s failed: ", tool_prog, act,
-            bitmap);
     if (fmt)
         fprintf(stderr, fmt, name);
     else
         fputs(err->msg[0] ? err->msg : strerror(-r), stderr);
     fputc('\n', stderr);
+}
+
+static void report_op(const char *act, const char *bitmap, const char *src,
+                      bi_node *n, int r, const bi_error *err)
+{
+    char *prefix =
+        bi_xasprintf("Operation %s on bitmap %s failed", act, bitmap);
+    report(prefix, bitmap, src, n, r, err);
+    free(prefix);
 }
 
 int img_bitmap(int argc, char **argv)
@@ -206,7 +215,7 @@ int img_bitmap(int argc, char **argv)
             break;
         }
         if (r < 0) {
-            report(act_names[acts[i].act], bitmap, acts[i].src, n, r, &err);
+            report_op(act_names[acts[i].act], bitmap, acts[i].src, n, r, &err);
             ret = 1;
         }
     }
@@ -225,5 +234,92 @@ out:
         }
     }
     free(acts);
+    return ret;
+}
+
+/* ------------------------------------------------- convert --bitmaps */
+
+/* qemu-img's convert_check_bitmaps(): before the copy. */
+int cv_check_bitmaps(bi_node *src, bool skip_broken)
+{
+    if (!bi_bitmap_supported(src)) {
+        tool_error("Source lacks bitmap support");
+        return -1;
+    }
+    struct bi_bitmap_info *v;
+    int cnt;
+    if (bi_bitmap_list(src, &v, &cnt) < 0) {
+        tool_error("Source lacks bitmap support");
+        return -1;
+    }
+    int ret = 0;
+    /* QEMU walks its list of bitmaps: the directory backwards */
+    for (int i = cnt - 1; i >= 0 && !skip_broken; i--) {
+        if (v[i].in_use) {
+            tool_error("Cannot copy inconsistent bitmap '%s'", v[i].name);
+            fprintf(stderr, "Try --skip-broken-bitmaps, or use 'qemu-img "
+                            "bitmap --remove' to delete it\n");
+            ret = -1;
+            break;
+        }
+    }
+    bi_bitmap_list_free(v, cnt);
+    return ret;
+}
+
+/* qemu-img's convert_copy_bitmaps(): after the copy; dst is the open
+ * target. Bitmaps are created in the source's directory order (the order
+ * QEMU stores them in); name clashes are reported in QEMU's order. */
+int cv_copy_bitmaps(bi_node *src, bi_node *dst, bool skip_broken)
+{
+    struct bi_bitmap_info *v, *have = NULL;
+    int cnt, nhave = 0, ret = 0;
+    if (bi_bitmap_list(src, &v, &cnt) < 0)
+        return -1;
+    if (bi_bitmap_list(dst, &have, &nhave) < 0)
+        nhave = 0;
+    for (int i = cnt - 1; i >= 0; i--) {
+        if (skip_broken && v[i].in_use) {
+            fprintf(stderr, "%s: warning: Skipping inconsistent bitmap '%s'\n",
+                    tool_prog, v[i].name);
+            continue;
+        }
+        for (int j = 0; j < nhave; j++) {
+            if (!strcmp(have[j].name, v[i].name)) {
+                tool_error("Failed to create bitmap %s: Bitmap already "
+                           "exists: %s",
+                           v[i].name, v[i].name);
+                ret = -1;
+                goto out;
+            }
+        }
+    }
+    for (int i = 0; i < cnt; i++) {
+        if (v[i].in_use)
+            continue; /* skipped (warned above) */
+        bi_error err;
+        bi_error_init(&err);
+        int r = bi_bitmap_add(dst, v[i].name, v[i].granularity, !v[i].enabled,
+                              &err);
+        if (r < 0) {
+            char *prefix =
+                bi_xasprintf("Failed to create bitmap %s", v[i].name);
+            report(prefix, v[i].name, NULL, dst, r, &err);
+            free(prefix);
+            ret = -1;
+            break;
+        }
+        bi_error_init(&err);
+        r = bi_bitmap_merge(dst, v[i].name, src, v[i].name, &err);
+        if (r < 0) {
+            tool_error("Failed to populate bitmap %s: %s", v[i].name,
+                       err.msg[0] ? err.msg : strerror(-r));
+            ret = -1;
+            break;
+        }
+    }
+out:
+    bi_bitmap_list_free(v, cnt);
+    bi_bitmap_list_free(have, nhave);
     return ret;
 }

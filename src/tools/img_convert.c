@@ -259,6 +259,8 @@ enum {
     OPT_TARGET_IS_ZERO,
     OPT_PROGRESS,
     OPT_FORCE_SHARE,
+    OPT_BITMAPS,
+    OPT_SKIP_BROKEN,
 };
 
 int img_convert(int argc, char **argv)
@@ -270,6 +272,8 @@ int img_convert(int argc, char **argv)
         {"target-is-zero", no_argument, NULL, OPT_TARGET_IS_ZERO},
         {"force-share", no_argument, NULL, 'U'},
         {"progress", optional_argument, NULL, OPT_PROGRESS},
+        {"bitmaps", no_argument, NULL, OPT_BITMAPS},
+        {"skip-broken-bitmaps", no_argument, NULL, OPT_SKIP_BROKEN},
         {NULL, 0, NULL, 0},
     };
     const char *fmt = NULL, *out_fmt = NULL, *out_baseimg = NULL;
@@ -280,6 +284,7 @@ int img_convert(int argc, char **argv)
     bool skip_create = false, out_of_order = false, force_share = false;
     bool image_opts = false, tgt_image_opts = false, target_is_zero = false;
     bool explicit_min_sparse = false;
+    bool bitmaps = false, skip_broken = false; /* img_bitmap.c */
     enum bi_progress_mode pmode = BI_PROGRESS_NONE;
     uint64_t min_sparse = 4096, rate_limit = 0;
     /* qemu-img's default is 8; twice as many requests in flight (32 MiB of
@@ -458,11 +463,21 @@ int img_convert(int argc, char **argv)
         case OPT_TARGET_IS_ZERO:
             target_is_zero = true;
             break;
+        case OPT_BITMAPS:
+            bitmaps = true;
+            break;
+        case OPT_SKIP_BROKEN:
+            skip_broken = true;
+            break;
         }
     }
 
     if (!out_fmt && !tgt_image_opts) {
         out_fmt = "raw";
+    }
+    if (skip_broken && !bitmaps) {
+        cv_err("Use of --skip-broken-bitmaps requires --bitmaps");
+        goto out_noprog;
     }
     if (quiet) {
         pmode = BI_PROGRESS_NONE;
@@ -606,6 +621,16 @@ int img_convert(int argc, char **argv)
         }
     }
 
+    if (bitmaps) {
+        if (n_src > 1) {
+            cv_err("Copying bitmaps only possible with single source");
+            goto out;
+        }
+        if (cv_check_bitmaps(src[0], skip_broken) < 0) {
+            goto out;
+        }
+    }
+
     if (!skip_create) {
         struct bi_create_opts co;
         memset(&co, 0, sizeof(co));
@@ -657,6 +682,11 @@ int img_convert(int argc, char **argv)
     dst = cv_open(out_filename, out_fmt, tgt_image_opts, tcache, true, false,
                   true);
     if (!dst) {
+        goto out;
+    }
+    if (bitmaps && !bi_bitmap_supported(dst)) {
+        cv_err("Format driver '%s' does not support bitmaps",
+               bi_node_format(dst));
         goto out;
     }
     if (skip_create) {
@@ -732,6 +762,9 @@ int img_convert(int argc, char **argv)
     }
     if (r < 0) {
         cv_err("%s", err.msg);
+        goto out;
+    }
+    if (bitmaps && cv_copy_bitmaps(src[0], dst, skip_broken) < 0) {
         goto out;
     }
     ret = 0;

@@ -1740,3 +1740,44 @@ int bi_bitmap_merge(bi_node *node, const char *name, bi_node *src,
                        false, src ? src : node, src_name, err};
     return bm_action(&a);
 }
+
+bool bi_bitmap_supported(bi_node *node)
+{
+    return node->drv == &bi_drv_qcow2 &&
+           ((qcow2_state *)node->opaque)->version >= 3;
+}
+
+int bi_bitmap_list(bi_node *node, struct bi_bitmap_info **out, int *count)
+{
+    *out = NULL;
+    *count = 0;
+    if (node->drv != &bi_drv_qcow2)
+        return -ENOTSUP;
+    qcow2_state *s = node->opaque;
+    if (!s->bitmaps || !s->nb_bitmaps)
+        return 0;
+    struct bi_bitmap_info *v = calloc(s->nb_bitmaps, sizeof(*v));
+    if (!v)
+        return -ENOMEM;
+    for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
+        const struct qcow2_bitmap *b = &s->bitmaps[i];
+        v[i].name = strdup(b->name);
+        if (!v[i].name) {
+            bi_bitmap_list_free(v, (int)i);
+            return -ENOMEM;
+        }
+        v[i].granularity = 1ULL << b->granularity_bits;
+        v[i].enabled = (b->flags & BME_FLAG_AUTO) != 0;
+        v[i].in_use = (b->flags & BME_FLAG_IN_USE) != 0;
+    }
+    *out = v;
+    *count = (int)s->nb_bitmaps;
+    return 0;
+}
+
+void bi_bitmap_list_free(struct bi_bitmap_info *v, int count)
+{
+    for (int i = 0; v && i < count; i++)
+        free(v[i].name);
+    free(v);
+}
