@@ -7,7 +7,8 @@ exit code must be the same; afterwards both copies must hold the same
 bitmaps (qemu-img info, names, flags, granularity and every bit as the
 file holds them, cross-checked with qemu-nbd's dirty-bitmap export) and
 qemu-img check must find nothing. A command that fails at its first
-action must leave the file byte for byte as it was."""
+action must leave the file byte for byte as it was. Also convert
+--bitmaps (and --skip-broken-bitmaps) against qemu-img convert."""
 import json
 import os
 import re
@@ -17,8 +18,8 @@ import time
 
 import pytest
 
-from test_qcow2_bitmaps import (compare_images, make_image, session,
-                                set_flags, sha)
+from test_qcow2_bitmaps import (compare_images, info_bitmaps, make_image,
+                                session, set_flags, sha)
 
 pytestmark = pytest.mark.qemu
 
@@ -238,3 +239,84 @@ def test_nbd_contents(run, qemu_img, qemu_io, blkimg, tmp_path):
         dm = nbd_dirty(run, qemu_img, m, name, tmp_path)
         assert dm == dq, name
         assert dm, name
+
+
+# ------------------------------------------------------ convert --bitmaps
+
+def convert_both(run, qemu_img, blkimg, tmp_path, args, target_from=None):
+    """convert args (OUT: the target) with both tools; returns targets."""
+    res, outs = [], []
+    for tool, tag in ((qemu_img, "q"), (blkimg, "m")):
+        out = str(tmp_path / ("out-%s.qcow2" % tag))
+        if os.path.exists(out):
+            os.unlink(out)
+        if target_from:
+            shutil.copy(target_from, out)
+        cp = run(tool, "convert", *[a.replace("OUT", out) for a in args])
+        text = (cp.stdout + "|" + cp.stderr).replace(out, "OUT")
+        base = os.path.basename(tool)
+        text = text.replace(base + ":", "TOOL:")
+        res.append((cp.returncode, text))
+        outs.append(out)
+    assert res[1] == res[0], (args, res)
+    return outs[0], outs[1], res[0]
+
+
+def test_convert_bitmaps(run, qemu_img, qemu_io, blkimg, tmp_path):
+    t = template(run, qemu_img, qemu_io, tmp_path,
+                 [("b0",), ("d", "4k", True), ("f", "512"), ("c", "2M")])
+    for extra in ([], ["--skip-broken-bitmaps"], ["-c"],
+                  ["-o", "cluster_size=4k"]):
+        q, m, (rc, out) = convert_both(
+            run, qemu_img, blkimg, tmp_path,
+            ["--bitmaps", *extra, "-O", "qcow2", t, "OUT"])
+        assert rc == 0, out
+        compare_images(run, qemu_img, q, m)
+        assert len(info_bitmaps(run, qemu_img, m)) == 4
+
+
+def test_convert_bitmaps_errors(run, qemu_img, qemu_io, blkimg, tmp_path):
+    t = template(run, qemu_img, qemu_io, tmp_path, [("b0",), ("d", "4k")])
+    r = str(tmp_path / "r.raw")
+    run(qemu_img, "create", "-q", "-f", "raw", r, "4M", check=True)
+    none = str(tmp_path / "none.qcow2")
+    run(qemu_img, "create", "-q", "-f", "qcow2", none, "4M", check=True)
+    for args in (["--bitmaps", "-O", "raw", t, "OUT"],
+                 ["--bitmaps", "-O", "qcow2", r, "OUT"],
+                 ["--bitmaps", "-O", "qcow2", "-o", "compat=0.10", t, "OUT"],
+                 ["--skip-broken-bitmaps", "-O", "qcow2", t, "OUT"],
+                 ["--bitmaps", "-O", "qcow2", t, t, "OUT"]):
+        q, m, (rc, out) = convert_both(run, qemu_img, blkimg, tmp_path, args)
+        assert rc == 1, (args, out)
+    # no bitmaps at all: fine, none copied
+    q, m, (rc, out) = convert_both(run, qemu_img, blkimg, tmp_path,
+                                   ["--bitmaps", "-O", "qcow2", none, "OUT"])
+    assert rc == 0 and info_bitmaps(run, qemu_img, m) is None
+    # -n onto a target that already has the bitmaps
+    q, m, (rc, out) = convert_both(run, qemu_img, blkimg, tmp_path,
+                                   ["--bitmaps", "-n", "-O", "qcow2", t,
+                                    "OUT"], target_from=t)
+    assert rc == 1 and "already exists" in out, out
+    # -n onto an empty qcow2 target
+    q, m, (rc, out) = convert_both(run, qemu_img, blkimg, tmp_path,
+                                   ["--bitmaps", "-n", "-O", "qcow2", t,
+                                    "OUT"], target_from=none)
+    assert rc == 0, out
+    compare_images(run, qemu_img, q, m)
+
+
+def test_convert_inconsistent_bitmap(run, qemu_img, qemu_io, blkimg,
+                                     tmp_path):
+    t = template(run, qemu_img, qemu_io, tmp_path,
+                 [("b0",), ("stale", "4k"), ("b2", "1M")])
+    set_flags(t, "stale", 3)
+    q, m, (rc, out) = convert_both(run, qemu_img, blkimg, tmp_path,
+                                   ["--bitmaps", "-O", "qcow2", t, "OUT"])
+    assert rc == 1 and "inconsistent" in out, out
+    q, m, (rc, out) = convert_both(
+        run, qemu_img, blkimg, tmp_path,
+        ["--bitmaps", "--skip-broken-bitmaps", "-O", "qcow2", t, "OUT"])
+    assert rc == 0 and "Skipping inconsistent bitmap 'stale'" in out, out
+    compare_images(run, qemu_img, q, m)
+    assert [b["name"] for b in info_bitmaps(run, qemu_img, m)] == \
+        ["b0", "b2"]
