@@ -43,14 +43,14 @@ static const struct {
 } img_syntax[] = {
     {"amend", "amend [--object objectdef] [--image-opts] [-p] [-q] [-f fmt] "
               "[-t cache] [--force] -o options filename"},
-    {"bitmap", "bitmap (--merge SOURCE | --add | --remove | --clear | "
-               "--enable | --disable)... [-b source_file [-F source_fmt]] "
-               "[-g granularity] [--object objectdef] [--image-opts | -f fmt] "
-               "filename bitmap"},
     {"bench", "bench [-c count] [-d depth] [-f fmt] "
               "[--flush-interval=flush_interval] [-i aio] [-n] [--no-drain] "
               "[-o offset] [--pattern=pattern] [-q] [-s buffer_size] "
               "[-S step_size] [-t cache] [-w] [-U] filename"},
+    {"bitmap", "bitmap (--merge SOURCE | --add | --remove | --clear | "
+               "--enable | --disable)... [-b source_file [-F source_fmt]] "
+               "[-g granularity] [--object objectdef] [--image-opts | -f fmt] "
+               "filename bitmap"},
     {"check", "check [--object objectdef] [--image-opts] [-q] [-f fmt] "
               "[--output=ofmt] [-r [leaks | all]] [-T src_cache] [-U] "
               "filename"},
