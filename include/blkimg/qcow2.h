@@ -69,8 +69,8 @@ BI_EXPORT int bi_snapshot_delete(bi_node *node, const char *name_or_id,
  * found, -ENXIO merge source not found, -EEXIST name exists, -ENAMETOOLONG
  * name over 1023 bytes, -EBUSY bitmap name in use (inconsistent), -ESTALE
  * merge source in use. */
-/* Adds an empty bitmap; granularity 0: the default (cluster size, at least
- * 4 KiB); disabled: not tracking guest writes. */
+/* Adds an empty bitmap; granularity 0: the default (cluster size, within
+ * 4 KiB..64 KiB); disabled: not tracking guest writes. */
 BI_EXPORT int bi_bitmap_add(bi_node *node, const char *name,
                             uint64_t granularity, bool disabled, bi_error *err);
 BI_EXPORT int bi_bitmap_remove(bi_node *node, const char *name, bi_error *err);

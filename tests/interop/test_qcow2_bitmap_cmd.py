@@ -320,3 +320,46 @@ def test_convert_inconsistent_bitmap(run, qemu_img, qemu_io, blkimg,
     compare_images(run, qemu_img, q, m)
     assert [b["name"] for b in info_bitmaps(run, qemu_img, m)] == \
         ["b0", "b2"]
+
+
+@pytest.mark.parametrize("opts", ["cluster_size=2M", "extended_l2=on",
+                                  "lazy_refcounts=on", "refcount_bits=1",
+                                  "cluster_size=4k,refcount_bits=64"])
+def test_image_options(run, qemu_img, qemu_io, blkimg, tmp_path, opts):
+    t = template(run, qemu_img, qemu_io, tmp_path, [("b0", "4k")], size="9M",
+                 opts=opts)
+    q, m, (rc, out) = both(run, qemu_img, blkimg, tmp_path, t,
+                           ["--add", "--merge", "b0", "IMG", "n"])
+    assert rc == 0, out
+    compare_images(run, qemu_img, q, m)
+    t2 = str(tmp_path / "t2.qcow2")
+    shutil.copy(m, t2)
+    q, m, (rc, out) = both(run, qemu_img, blkimg, tmp_path, t2,
+                           ["--remove", "IMG", "b0"])
+    assert rc == 0, out
+    compare_images(run, qemu_img, q, m)
+
+
+def test_other_bitmap_in_use(run, qemu_img, qemu_io, blkimg, tmp_path):
+    """Actions on other bitmaps leave an in-use one as it is."""
+    t = template(run, qemu_img, qemu_io, tmp_path, [("stale",), ("b0",)])
+    set_flags(t, "stale", 3)
+    for args in (["--add", "IMG", "n"], ["--add", "-g", "0", "IMG", "n"],
+                 ["--clear", "IMG", "b0"],
+                 ["--remove", "IMG", "b0"], ["--disable", "IMG", "b0"]):
+        q, m, (rc, out) = both(run, qemu_img, blkimg, tmp_path, t, args)
+        assert rc == 0, out
+        compare_images(run, qemu_img, q, m)
+
+
+def test_writes_after_bitmap_command(run, qemu_img, qemu_io, blkimg,
+                                     blkimg_io, tmp_path):
+    """A bitmap added by blkimg tracks later writes (qemu-io on one copy,
+    blkimg-io on the other)."""
+    t = template(run, qemu_img, qemu_io, tmp_path, [])
+    q, m, (rc, out) = both(run, qemu_img, blkimg, tmp_path, t,
+                           ["--add", "-g", "4k", "IMG", "n"])
+    assert rc == 0, out
+    session(run, qemu_io, q, ["write 2M 5k", "write -z 100k 4k"])
+    session(run, blkimg_io, m, ["write 2M 5k", "write -z 100k 4k"])
+    compare_images(run, qemu_img, q, m)

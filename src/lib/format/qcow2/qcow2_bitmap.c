@@ -1450,8 +1450,8 @@ static int do_add(struct bm_act *a, struct edit_dir *d)
     if (g && (g < 512 || (g & (g - 1)) || g > (1ULL << 31)))
         return act_err(err, -EINVAL,
                        "Granularity must be power of 2 and at least 512");
-    if (!g)
-        g = s->cluster_size < 4096 ? 4096 : s->cluster_size;
+    if (!g) /* QEMU's default: the cluster size within [4 KiB, 64 KiB] */
+        g = BI_MIN(BI_MAX(s->cluster_size, 4096), 65536);
     unsigned gbits = 0;
     while ((1ULL << gbits) < g)
         gbits++;
