@@ -146,3 +146,207 @@ def test_amend_round_trip(qemu_img, blkimg, tmp_path):
                           q, b)
         assert rb == rq == (0, b"", "")
         _compare(qemu_img, q, b, "a.qcow2", tmp_path)
+
+
+# ---- refcount width changes, zero clusters in snapshots, v2 snapshots
+# without extra data
+
+import os  # noqa: E402
+import shutil  # noqa: E402
+import struct  # noqa: E402
+import subprocess  # noqa: E402
+
+
+def make(qemu_img, d, create, size, io, snaps=()):
+    sh(qemu_img, "create", "-q", "-f", "qcow2", "base.qcow2", "64M", cwd=d)
+    qio("base.qcow2", "write -P 9 0 64M", cwd=d)
+    sh(qemu_img, "create", "-q", "-f", "qcow2", *create, "i.qcow2", size,
+       cwd=d)
+    for c in io:
+        qio("i.qcow2", c, cwd=d)
+    for name, cmds in snaps:
+        sh(qemu_img, "snapshot", "-c", name, "i.qcow2", cwd=d)
+        for c in cmds:
+            qio("i.qcow2", c, cwd=d)
+
+
+def twin2(qemu_img, tmp_path, *a, **kw):
+    q, b = tmp_path / "q", tmp_path / "b"
+    q.mkdir()
+    make(qemu_img, q, *a, **kw)
+    shutil.copytree(q, b)  # snapshot dates the same
+    return q, b
+
+
+def snapshot_views(qemu_img, d, tmp_path):
+    """Every snapshot's guest bytes (qemu-img convert -l) and the image
+    after qemu-img snapshot -a on a copy."""
+    cp = subprocess.run([qemu_img, "snapshot", "-l", "i.qcow2"], cwd=d,
+                        capture_output=True, text=True, check=True)
+    names = [l.split()[1] for l in cp.stdout.splitlines()[2:]]
+    out = {}
+    for name in names:
+        sh(qemu_img, "convert", "-l", "snapshot.name=" + name, "-O", "raw",
+           "i.qcow2", "s.raw", cwd=d)
+        with open(d / "s.raw", "rb") as f:
+            out[name] = f.read()
+        os.unlink(d / "s.raw")
+        shutil.copy(d / "i.qcow2", d / "a.qcow2")
+        sh(qemu_img, "snapshot", "-a", name, "a.qcow2", cwd=d)
+        rc, msg = check_ok(qemu_img, d / "a.qcow2")
+        assert rc == 0, msg
+        out[name + "-applied"] = guest_bytes(qemu_img, d / "a.qcow2",
+                                             tmp_path)
+        os.unlink(d / "a.qcow2")
+    return out
+
+
+REFCOUNT_CASES = [
+    # (create options, qemu-io commands, snapshots, amend arguments)
+    ([], ["write -P 1 0 9M", "write -z 20M 1M"], [],
+     ["-o", "refcount_bits=1"]),
+    ([], ["write -P 1 0 9M"], [], ["-p", "-o", "refcount_bits=2"]),
+    ([], ["write -P 1 0 9M"], [], ["-o", "refcount_bits=4"]),
+    ([], ["write -P 1 0 9M"], [], ["-p", "-o", "refcount_bits=8"]),
+    ([], ["write -P 1 0 9M"], [], ["-o", "refcount_bits=32"]),
+    ([], ["write -P 1 0 9M"], [], ["-p", "-o", "refcount_bits=64"]),
+    (["-o", "cluster_size=4k"], ["write -P 1 0 300M",
+                                 "write -P 3 700M 100M"], [],
+     ["-p", "-o", "refcount_bits=64"]),
+    (["-o", "cluster_size=4k,refcount_bits=64"],
+     ["write -P 1 0 300M", "write -P 3 700M 100M"], [],
+     ["-p", "-o", "refcount_bits=1"]),
+    # snapshots: refcounts of 2 fit 2 bits, not 1
+    ([], ["write -P 1 0 9M"], [("s1", ["write -P 2 0 1M"])],
+     ["-o", "refcount_bits=2"]),
+    ([], ["write -P 1 0 9M"], [("s1", ["write -P 2 0 1M"])],
+     ["-o", "refcount_bits=1"]),
+    # combined with compat changes (one progress over both operations)
+    (["-o", "compat=0.10"], ["write -P 1 0 9M"], [],
+     ["-p", "-o", "compat=1.1,refcount_bits=4"]),
+    (["-o", "refcount_bits=8"], ["write -P 1 0 9M", "write -z 10M 1M"], [],
+     ["-p", "-o", "compat=0.10,refcount_bits=16"]),
+    (["-o", "refcount_bits=8"], ["write -P 1 0 9M"], [],
+     ["-o", "compat=0.10"]),
+]
+
+
+@pytest.mark.parametrize("case", REFCOUNT_CASES,
+                         ids=lambda c: " ".join(c[0] + c[3]))
+def test_amend_refcount_bits(qemu_img, blkimg, tmp_path, case):
+    create, io, snaps, args = case
+    size = "1G" if "cluster_size=4k" in " ".join(create) else "64M"
+    q, b = twin2(qemu_img, tmp_path, create, size, io, snaps)
+    rq, rb = run_both(qemu_img, blkimg, ["amend"] + args + ["i.qcow2"], q, b)
+    assert rb == rq
+    # the same image, byte for byte
+    with open(q / "i.qcow2", "rb") as f:
+        iq = f.read()
+    with open(b / "i.qcow2", "rb") as f:
+        assert f.read() == iq
+    rc, out = check_ok(qemu_img, b / "i.qcow2")
+    assert rc == 0, out
+    assert info_lines(qemu_img, b / "i.qcow2") == \
+        info_lines(qemu_img, q / "i.qcow2")
+
+
+ZERO_SNAP_IO = ["write -P 1 0 2M", "write -z 2M 1M", "write -z 4M 64k"]
+# zero writes after the snapshots over clusters they do not share
+ZERO_SNAPS = [("s1", ["write -P 2 1M 1M", "write -z 8M 128k",
+                      "write -z 16M 64k"]),
+              ("s2", ["write -P 3 8M 64k", "write -z 24M 64k"])]
+# "write -z 0 64k" after s1 keeps the cluster s1 shares (zero flag on a
+# preallocated cluster): qemu-img 7.2 zeroes it in place and s1 loses its
+# bytes there; blkimg drops the active table's reference instead
+SHARED_SNAPS = [("s1", ["write -P 2 1M 1M", "write -z 0 64k",
+                        "write -z 8M 128k"]),
+                ("s2", ["write -P 3 8M 64k", "write -z 1M 64k"])]
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["", "shared"])
+@pytest.mark.parametrize("backed", [False, True], ids=["plain", "backed"])
+@pytest.mark.parametrize("progress", [False, True], ids=["", "-p"])
+def test_amend_downgrade_zero_clusters_in_snapshots(qemu_img, blkimg,
+                                                    tmp_path, backed,
+                                                    progress, shared):
+    """compat=0.10 expands the zero clusters of every snapshot too; every
+    snapshot reads the same afterwards."""
+    create = ["-b", "base.qcow2", "-F", "qcow2"] if backed else []
+    q, b = twin2(qemu_img, tmp_path, create, "64M", ZERO_SNAP_IO,
+                 SHARED_SNAPS if shared else ZERO_SNAPS)
+    before = snapshot_views(qemu_img, b, tmp_path)
+    active = guest_bytes(qemu_img, b / "i.qcow2", tmp_path)
+    args = ["amend"] + (["-p"] if progress else []) + \
+        ["-o", "compat=0.10", "i.qcow2"]
+    rq, rb = run_both(qemu_img, blkimg, args, q, b)
+    assert rb == rq
+    assert rq[0] == 0
+    rc, out = check_ok(qemu_img, b / "i.qcow2")
+    assert rc == 0, out
+    assert info_lines(qemu_img, b / "i.qcow2") == \
+        info_lines(qemu_img, q / "i.qcow2")
+    assert guest_bytes(qemu_img, b / "i.qcow2", tmp_path) == active
+    assert guest_bytes(qemu_img, q / "i.qcow2", tmp_path) == active
+    assert snapshot_views(qemu_img, b, tmp_path) == before
+    if not shared:
+        assert layout(qemu_img, b / "i.qcow2") == \
+            layout(qemu_img, q / "i.qcow2")
+        assert snapshot_views(qemu_img, q, tmp_path) == before
+    with open(b / "i.qcow2", "rb") as f:
+        assert struct.unpack(">I", f.read(8)[4:])[0] == 2
+
+
+def strip_snapshot_extra(path):
+    """Rewrites the snapshot table in place without extra data, as old
+    QEMU versions wrote v2 images."""
+    with open(path, "r+b") as f:
+        h = f.read(72)
+        nb, off = struct.unpack(">IQ", h[60:72])
+        pos, ents = off, []
+        for _ in range(nb):
+            f.seek(pos)
+            e = struct.unpack(">QIHHIIQII", f.read(40))
+            f.seek(pos + 40 + e[8])
+            ids, name = f.read(e[2]), f.read(e[3])
+            ents.append(e[:8] + (ids, name))
+            pos = (pos + 40 + e[8] + e[2] + e[3] + 7) & ~7
+        out = b""
+        for e in ents:
+            rec = struct.pack(">QIHHIIQII", *e[:8], 0) + e[8] + e[9]
+            out += rec + b"\0" * (-len(rec) % 8)
+        f.seek(off)
+        f.write(out + b"\0" * (pos - off - len(out)))
+
+
+@pytest.mark.parametrize("args", [["-o", "compat=1.1"],
+                                  ["-p", "-o", "compat=1.1"],
+                                  ["-o", "compat=1.1,lazy_refcounts=on"],
+                                  ["-o", "compat=1.1,refcount_bits=8"]],
+                         ids=_ids)
+def test_amend_upgrade_snapshots_without_extra(qemu_img, blkimg, tmp_path,
+                                               args):
+    """compat=1.1 on a v2 image whose snapshots lack the v3 extra data:
+    the snapshot table is written anew, as qemu-img does."""
+    q, b = twin2(qemu_img, tmp_path, ["-o", "compat=0.10"], "64M",
+                 ["write -P 1 0 2M"],
+                 [("s1", ["write -P 2 1M 2M"]),
+                  ("snap-two", ["write -P 3 0 64k"])])
+    for d in (q, b):
+        strip_snapshot_extra(d / "i.qcow2")
+    before = snapshot_views(qemu_img, b, tmp_path)
+    rq, rb = run_both(qemu_img, blkimg, ["amend"] + args + ["i.qcow2"], q, b)
+    assert rb == rq
+    assert rq[0] == 0
+    rc, out = check_ok(qemu_img, b / "i.qcow2")
+    assert rc == 0, out
+    assert info_lines(qemu_img, b / "i.qcow2") == \
+        info_lines(qemu_img, q / "i.qcow2")
+    assert layout(qemu_img, b / "i.qcow2") == layout(qemu_img, q / "i.qcow2")
+    views = snapshot_views(qemu_img, b, tmp_path)
+    assert views == before
+    assert views == snapshot_views(qemu_img, q, tmp_path)
+    # the header cluster and the new snapshot table's entries as qemu-img's
+    with open(q / "i.qcow2", "rb") as f:
+        hq = f.read(65536)
+    with open(b / "i.qcow2", "rb") as f:
+        assert f.read(65536) == hq

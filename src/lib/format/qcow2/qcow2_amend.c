@@ -671,7 +671,24 @@ static int expand_l2(bi_node *n, uint64_t *t_be, uint64_t l2_refcount,
         if ((e & QCOW_OFLAG_COMPRESSED) || !(e & QCOW_OFLAG_ZERO))
             continue;
         uint64_t host = e & L2E_OFFSET_MASK;
+        uint64_t shared_host = 0;
+        if (host && !qc_has_data_file(s)) {
+            /* a preallocated cluster that tables other than this one
+             * reference (a snapshot's data) is not zeroed in place, as
+             * QEMU 7.2 does (losing the snapshot's bytes): this table's
+             * references to it are dropped instead */
+            uint64_t crc;
+            ret = qc_get_refcount(n, host >> s->cluster_bits, &crc);
+            if (ret < 0)
+                return ret;
+            if (crc > l2_refcount) {
+                shared_host = host;
+                host = 0;
+            }
+        }
         if (!host) {
+            for (uint64_t k = 0; shared_host && k < l2_refcount; k++)
+                qc_defer_free(n, shared_host, cs);
             if (!backed) {
                 t_be[j] = 0;
                 *dirty = true;
