@@ -76,6 +76,10 @@ struct bi_driver {
      * n->filename. Sets n->size. */
     int (*open)(bi_node *n, const struct bi_open_opts *o, bi_error *err);
     void (*close)(bi_node *n);
+    /* Optional, in a coroutine, before close: writes what close would
+     * (metadata, bitmaps, the clean flag) so that a failure reaches the
+     * caller of bi_close; close then has nothing left to write. */
+    int (*co_close_prepare)(bi_node *n);
     int (*create)(const char *filename, const struct bi_create_opts *o,
                   bi_error *err);
     /* Fills n->limits (protocols: detection; formats: usually from

@@ -296,15 +296,31 @@ bi_node *bi_open(const char *filename, const struct bi_open_opts *o,
     return n;
 }
 
+struct close_args {
+    bi_node *n;
+    bi_node *failed; /* the node whose flush or close failed first */
+    bool flush_failed;
+};
+
 static int close_flush(void *opaque)
 {
-    bi_node *n = opaque;
+    struct close_args *a = opaque;
     int ret = 0;
-    for (bi_node *c = n; c; c = c->backing) {
-        if (!c->read_only) {
-            int r = bi_co_flush(c);
-            if (r < 0 && ret == 0)
+    for (bi_node *c = a->n; c; c = c->backing) {
+        if (c->read_only)
+            continue;
+        int r = bi_co_flush(c);
+        if (r < 0 && ret == 0) {
+            ret = r;
+            a->failed = c;
+            a->flush_failed = true;
+        }
+        if (r == 0 && c->drv->co_close_prepare) {
+            r = c->drv->co_close_prepare(c);
+            if (r < 0 && ret == 0) {
                 ret = r;
+                a->failed = c;
+            }
         }
     }
     return ret;
@@ -315,9 +331,12 @@ int bi_close(bi_node *n, bi_error *err)
     if (!n)
         return 0;
     bi_aio_drain();
-    int ret = bi_run_co(close_flush, n);
+    struct close_args a = {n, NULL, false};
+    int ret = bi_run_co(close_flush, &a);
     if (ret < 0)
-        bi_error_set(err, -ret, "Failed to flush '%s'", n->filename);
+        bi_error_set(err, -ret, "%s '%s'",
+                     a.flush_failed ? "Failed to flush" : "Failed to close",
+                     a.failed ? a.failed->filename : n->filename);
     close_graph(n);
     return ret;
 }

@@ -852,8 +852,9 @@ static int close_co(void *arg)
 {
     bi_node *n = arg;
     qcow2_state *s = n->opaque;
-    if (s->read_only || !s->l1_table)
+    if (s->read_only || !s->l1_table || s->close_prepared)
         return 0;
+    s->close_prepared = true;
     bi_co_mutex_lock(&s->lock);
     int ret = qc_flush_metadata(n);
     if (ret == 0)
@@ -865,6 +866,11 @@ static int close_co(void *arg)
         ret = qc_update_incompat(n, s->incompat & ~QCOW2_INCOMPAT_DIRTY);
     bi_co_mutex_unlock(&s->lock);
     return ret;
+}
+
+static int qcow2_co_close_prepare(bi_node *n)
+{
+    return n->opaque ? close_co(n) : 0;
 }
 
 static void qcow2_close(bi_node *n)
@@ -1065,6 +1071,7 @@ const struct bi_driver bi_drv_qcow2 = {
     .probe = qcow2_probe,
     .open = qcow2_open,
     .close = qcow2_close,
+    .co_close_prepare = qcow2_co_close_prepare,
     .create = qcow2_create,
     .refresh_limits = qcow2_refresh_limits,
     .co_map = qcow2_co_map,

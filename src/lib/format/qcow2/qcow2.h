@@ -238,8 +238,9 @@ typedef struct qcow2_state {
 
     bool corrupt;
     bool read_only;
-    bool check_mode;   /* opened by check -r: corrupt images open writable */
-    bool marked_dirty; /* we set the dirty bit (lazy refcounts) */
+    bool close_prepared; /* close_co ran (bi_close reports its errors) */
+    bool check_mode;     /* opened by check -r: corrupt images open writable */
+    bool marked_dirty;   /* we set the dirty bit (lazy refcounts) */
     bool metadata_prealloc_checked;
     bool metadata_prealloc;
     uint64_t file_size; /* host file size at open, updated on growth */
