@@ -24,15 +24,23 @@ struct img_cmd {
 
 /* One line per implemented command. */
 static const struct img_cmd img_cmds[] = {
-    {"amend", img_amend},       {"bench", img_bench},
+    {"amend", img_amend},
+    {"bench", img_bench},
     {"bitmap", img_bitmap},
-    {"check", img_check},       {"commit", img_commit},
-    {"compare", img_compare},   {"convert", img_convert},
-    {"create", img_create},     {"dd", img_dd},
-    {"info", img_info},         {"map", img_map},
-    {"measure", img_measure},   {"probe", img_probe},
-    {"rebase", img_rebase},     {"resize", img_resize},
-    {"snapshot", img_snapshot}, {NULL, NULL},
+    {"check", img_check},
+    {"commit", img_commit},
+    {"compare", img_compare},
+    {"convert", img_convert},
+    {"create", img_create},
+    {"dd", img_dd},
+    {"info", img_info},
+    {"map", img_map},
+    {"measure", img_measure},
+    {"probe", img_probe},
+    {"rebase", img_rebase},
+    {"resize", img_resize},
+    {"snapshot", img_snapshot},
+    {NULL, NULL},
 };
 
 /* Command syntax as qemu-img 7.2 prints it (and blkimg's own commands);
