@@ -16,25 +16,9 @@
 #include <string.h>
 #include <unistd.h>
 
-static uint32_t rd32(const uint8_t *p)
+int qc_error(bi_error *err, int code, const char *fmt, ...)
 {
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return be32toh(v);
-}
-static uint64_t rd64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return be64toh(v);
-}
-
-/* Sets an error without errno text (QEMU's qcow2 messages have none). */
-static int qerr(bi_error *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int qerr(bi_error *err, int code, const char *fmt, ...)
-{
-    char buf[900];
+    char buf[3000];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
@@ -51,8 +35,8 @@ void qc_get_l2(const qcow2_state *s, const void *table, uint64_t idx,
                uint64_t *entry, uint64_t *bitmap)
 {
     const uint8_t *p = (const uint8_t *)table + idx * s->l2_entry_size;
-    *entry = rd64(p);
-    *bitmap = s->ext_l2 ? rd64(p + 8) : 0;
+    *entry = qc_get64(p);
+    *bitmap = s->ext_l2 ? qc_get64(p + 8) : 0;
 }
 
 void qc_set_l2(const qcow2_state *s, void *table, uint64_t idx, uint64_t entry,
@@ -202,7 +186,7 @@ static int report_unsupported(qcow2_state *s, uint64_t mask, bi_error *err)
         snprintf(buf + pos, sizeof(buf) - pos,
                  "%sUnknown incompatible feature: %" PRIx64, pos ? ", " : "",
                  mask);
-    return qerr(err, -ENOTSUP, "Unsupported qcow2 feature(s): %s", buf);
+    return qc_error(err, -ENOTSUP, "Unsupported qcow2 feature(s): %s", buf);
 }
 
 /* A name stored in an image must be a plain local file name. */
@@ -215,12 +199,12 @@ static int check_plain_name(const char *what, const char *name, bi_error *err)
         "blkverify:", "quorum:", "host_device:", "fat:",
     };
     if (!name[0])
-        return qerr(err, -EINVAL, "%s name is empty", what);
+        return qc_error(err, -EINVAL, "%s name is empty", what);
     for (size_t i = 0; i < BI_ARRAY_SIZE(protos); i++)
         if (!strncmp(name, protos[i], strlen(protos[i])))
-            return qerr(err, -EINVAL,
-                        "%s name '%s' is not a plain local file name", what,
-                        name);
+            return qc_error(err, -EINVAL,
+                            "%s name '%s' is not a plain local file name", what,
+                            name);
     return 0;
 }
 
@@ -251,21 +235,24 @@ static int read_luks_header(bi_node *n, qcow2_state *s, bi_error *err)
 {
     uint8_t h[592];
     if (!s->has_crypto_hdr)
-        return qerr(err, -EINVAL, "Missing CRYPTO header for crypt method 2");
+        return qc_error(err, -EINVAL,
+                        "Missing CRYPTO header for crypt method 2");
     if (s->crypto_hdr_offset & (s->cluster_size - 1) ||
         s->crypto_hdr_length < sizeof(h) ||
         s->crypto_hdr_offset > s->file_size ||
         s->file_size - s->crypto_hdr_offset < sizeof(h))
-        return qerr(err, -EINVAL, "Invalid encryption header offset or length");
+        return qc_error(err, -EINVAL,
+                        "Invalid encryption header offset or length");
     int ret = bi_co_pread(n->file, s->crypto_hdr_offset, h, sizeof(h));
     if (ret < 0)
-        return qerr(err, ret, "Could not read encryption header: %s",
-                    strerror(-ret));
+        return qc_error(err, ret, "Could not read encryption header: %s",
+                        strerror(-ret));
     bi_error e;
     bi_error_init(&e);
     ret = qc_luks_info(h, sizeof(h), &s->luks_json, &e);
     if (ret < 0)
-        return qerr(err, ret, "Could not open encryption header: %s", e.msg);
+        return qc_error(err, ret, "Could not open encryption header: %s",
+                        e.msg);
     return 0;
 }
 
@@ -275,25 +262,25 @@ static int parse_extensions(qcow2_state *s, const uint8_t *hdr, uint64_t start,
     uint64_t off = start;
     while (off < end) {
         if (end - off < 8)
-            return qerr(err, -EINVAL,
-                        "qcow2_read_extension: ERROR: "
-                        "pread fail from offset %" PRIu64,
-                        off);
-        uint32_t type = rd32(hdr + off);
-        uint32_t len = rd32(hdr + off + 4);
+            return qc_error(err, -EINVAL,
+                            "qcow2_read_extension: ERROR: "
+                            "pread fail from offset %" PRIu64,
+                            off);
+        uint32_t type = qc_get32(hdr + off);
+        uint32_t len = qc_get32(hdr + off + 4);
         off += 8;
         if (len > end - off)
-            return qerr(err, -EINVAL, "Header extension too large");
+            return qc_error(err, -EINVAL, "Header extension too large");
         const uint8_t *d = hdr + off;
         switch (type) {
         case QCOW2_EXT_END:
             return 0;
         case QCOW2_EXT_BACKING_FORMAT:
             if (len >= 16)
-                return qerr(err, -EINVAL,
-                            "ERROR: ext_backing_format: len=%u too large "
-                            "(>=16)",
-                            len);
+                return qc_error(err, -EINVAL,
+                                "ERROR: ext_backing_format: len=%u too large "
+                                "(>=16)",
+                                len);
             free(s->backing_format);
             s->backing_format = dup_str(d, len);
             if (!s->backing_format)
@@ -317,25 +304,25 @@ static int parse_extensions(qcow2_state *s, const uint8_t *hdr, uint64_t start,
         case QCOW2_EXT_BITMAPS:
             s->has_bitmaps = true;
             if (len < 24)
-                return qerr(err, -EINVAL,
-                            "bitmaps_ext: Invalid extension length");
-            s->nb_bitmaps = rd32(d);
-            s->bitmap_dir_size = rd64(d + 8);
-            s->bitmap_dir_offset = rd64(d + 16);
+                return qc_error(err, -EINVAL,
+                                "bitmaps_ext: Invalid extension length");
+            s->nb_bitmaps = qc_get32(d);
+            s->bitmap_dir_size = qc_get64(d + 8);
+            s->bitmap_dir_offset = qc_get64(d + 16);
             break;
         case QCOW2_EXT_CRYPTO:
             if (len != 16)
-                return qerr(err, -EINVAL,
-                            "CRYPTO header extension size %u, but "
-                            "expected size 16",
-                            len);
+                return qc_error(err, -EINVAL,
+                                "CRYPTO header extension size %u, but "
+                                "expected size 16",
+                                len);
             s->has_crypto_hdr = true;
-            s->crypto_hdr_offset = rd64(d);
-            s->crypto_hdr_length = rd64(d + 8);
+            s->crypto_hdr_offset = qc_get64(d);
+            s->crypto_hdr_length = qc_get64(d + 8);
             break;
         case QCOW2_EXT_DATA_FILE:
             if (len > QCOW2_MAX_BACKING_NAME)
-                return qerr(err, -EINVAL, "Data file name too long");
+                return qc_error(err, -EINVAL, "Data file name too long");
             free(s->data_file_name);
             s->data_file_name = dup_str(d, len);
             if (!s->data_file_name)
@@ -404,47 +391,48 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
     bi_co_mutex_init(&s->lock);
     int64_t fsz = bi_getlength(n->file);
     if (fsz < 0)
-        return qerr(err, (int)fsz, "Could not read qcow2 header: %s",
-                    strerror((int)-fsz));
+        return qc_error(err, (int)fsz, "Could not read qcow2 header: %s",
+                        strerror((int)-fsz));
     s->file_size = (uint64_t)fsz;
     if (s->file_size < QH_V2_LENGTH)
-        return qerr(err, -EINVAL, "Image is not in qcow2 format");
+        return qc_error(err, -EINVAL, "Image is not in qcow2 format");
 
     memset(fixed, 0, sizeof(fixed));
     ret = bi_co_pread(n->file, 0, fixed, BI_MIN(sizeof(fixed), s->file_size));
     if (ret < 0)
-        return qerr(err, ret, "Could not read qcow2 header: %s",
-                    strerror(-ret));
-    if (rd32(fixed + QH_MAGIC) != QCOW2_MAGIC)
-        return qerr(err, -EINVAL, "Image is not in qcow2 format");
-    s->version = rd32(fixed + QH_VERSION);
+        return qc_error(err, ret, "Could not read qcow2 header: %s",
+                        strerror(-ret));
+    if (qc_get32(fixed + QH_MAGIC) != QCOW2_MAGIC)
+        return qc_error(err, -EINVAL, "Image is not in qcow2 format");
+    s->version = qc_get32(fixed + QH_VERSION);
     if (s->version < 2 || s->version > 3)
-        return qerr(err, -ENOTSUP, "Unsupported qcow2 version %u", s->version);
-    s->cluster_bits = rd32(fixed + QH_CLUSTER_BITS);
+        return qc_error(err, -ENOTSUP, "Unsupported qcow2 version %u",
+                        s->version);
+    s->cluster_bits = qc_get32(fixed + QH_CLUSTER_BITS);
     if (s->cluster_bits < QCOW2_MIN_CLUSTER_BITS ||
         s->cluster_bits > QCOW2_MAX_CLUSTER_BITS)
-        return qerr(err, -EINVAL, "Unsupported cluster size: 2^%u",
-                    s->cluster_bits);
+        return qc_error(err, -EINVAL, "Unsupported cluster size: 2^%u",
+                        s->cluster_bits);
     s->cluster_size = 1ULL << s->cluster_bits;
 
     if (s->version == 2) {
         s->header_length = QH_V2_LENGTH;
         s->refcount_order = 4;
     } else {
-        s->header_length = rd32(fixed + QH_HEADER_LENGTH);
+        s->header_length = qc_get32(fixed + QH_HEADER_LENGTH);
         if (s->header_length < QH_V3_MIN_LENGTH)
-            return qerr(err, -EINVAL, "qcow2 header too short");
+            return qc_error(err, -EINVAL, "qcow2 header too short");
         if (s->header_length > s->cluster_size)
-            return qerr(err, -EINVAL, "qcow2 header exceeds cluster size");
-        s->incompat = rd64(fixed + QH_INCOMPAT);
-        s->compat = rd64(fixed + QH_COMPAT);
-        s->autoclear = rd64(fixed + QH_AUTOCLEAR);
-        s->refcount_order = rd32(fixed + QH_REFCOUNT_ORDER);
+            return qc_error(err, -EINVAL, "qcow2 header exceeds cluster size");
+        s->incompat = qc_get64(fixed + QH_INCOMPAT);
+        s->compat = qc_get64(fixed + QH_COMPAT);
+        s->autoclear = qc_get64(fixed + QH_AUTOCLEAR);
+        s->refcount_order = qc_get32(fixed + QH_REFCOUNT_ORDER);
         if (s->header_length > QH_COMPRESSION_TYPE)
             s->compression_type = fixed[QH_COMPRESSION_TYPE];
     }
     if (s->file_size < s->header_length)
-        return qerr(err, -EINVAL, "qcow2 header exceeds the file size");
+        return qc_error(err, -EINVAL, "qcow2 header exceeds the file size");
 
     /* The whole first cluster: header, extensions, backing name. */
     uint64_t hlen = BI_MIN(s->cluster_size, s->file_size);
@@ -454,14 +442,14 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
     memset(hdr, 0, s->cluster_size);
     ret = bi_co_pread(n->file, 0, hdr, hlen);
     if (ret < 0) {
-        qerr(err, ret, "Could not read qcow2 header: %s", strerror(-ret));
+        qc_error(err, ret, "Could not read qcow2 header: %s", strerror(-ret));
         goto out;
     }
 
-    uint64_t backing_off = rd64(hdr + QH_BACKING_OFFSET);
-    uint32_t backing_len = rd32(hdr + QH_BACKING_SIZE);
+    uint64_t backing_off = qc_get64(hdr + QH_BACKING_OFFSET);
+    uint32_t backing_len = qc_get32(hdr + QH_BACKING_SIZE);
     if (backing_off > s->cluster_size) {
-        ret = qerr(err, -EINVAL, "Invalid backing file offset");
+        ret = qc_error(err, -EINVAL, "Invalid backing file offset");
         goto out;
     }
     uint64_t ext_end = backing_off ? backing_off : s->cluster_size;
@@ -479,15 +467,15 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
     s->check_mode = check_mode;
     if ((s->incompat & QCOW2_INCOMPAT_CORRUPT) && !n->read_only &&
         !check_mode) {
-        ret = qerr(err, -EACCES,
-                   "qcow2: Image is corrupt; cannot be opened read/write");
+        ret = qc_error(err, -EACCES,
+                       "qcow2: Image is corrupt; cannot be opened read/write");
         goto out;
     }
     s->corrupt = (s->incompat & QCOW2_INCOMPAT_CORRUPT) != 0;
     if (s->refcount_order > 6) {
-        ret = qerr(err, -EINVAL,
-                   "Reference count entry width too large; "
-                   "may not exceed 64 bits");
+        ret = qc_error(err, -EINVAL,
+                       "Reference count entry width too large; "
+                       "may not exceed 64 bits");
         goto out;
     }
     s->refcount_bits = 1u << s->refcount_order;
@@ -495,19 +483,19 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
         s->refcount_bits == 64 ? UINT64_MAX : (1ULL << s->refcount_bits) - 1;
     s->rb_bits = s->cluster_bits + 3 - s->refcount_order;
 
-    s->crypt_method = rd32(hdr + QH_CRYPT);
+    s->crypt_method = qc_get32(hdr + QH_CRYPT);
     if (s->crypt_method > 2) {
-        ret = qerr(err, -EINVAL, "Unsupported encryption method: %u",
-                   s->crypt_method);
+        ret = qc_error(err, -EINVAL, "Unsupported encryption method: %u",
+                       s->crypt_method);
         goto out;
     }
     /* Encrypted images: no key handling here. A metadata-only open (info)
      * shows them as qemu-img info does (LUKS: the header parsed); anything
      * touching data is refused. */
     if (s->crypt_method && (!o->metadata_only || o->read_write)) {
-        ret =
-            qerr(err, -ENOTSUP, "Encrypted qcow2 images (%s) are not supported",
-                 s->crypt_method == 1 ? "aes" : "luks");
+        ret = qc_error(err, -ENOTSUP,
+                       "Encrypted qcow2 images (%s) are not supported",
+                       s->crypt_method == 1 ? "aes" : "luks");
         goto out;
     }
     if (s->crypt_method == 2) {
@@ -519,28 +507,28 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
     if (s->incompat & QCOW2_INCOMPAT_COMPRESSION) {
         if (s->header_length <= QH_COMPRESSION_TYPE ||
             s->compression_type == 0) {
-            ret = qerr(err, -EINVAL,
-                       "qcow2: Compression type incompatible feature bit "
-                       "must not be set with zlib compression type");
+            ret = qc_error(err, -EINVAL,
+                           "qcow2: Compression type incompatible feature bit "
+                           "must not be set with zlib compression type");
             goto out;
         }
     } else if (s->compression_type != 0) {
-        ret = qerr(err, -EINVAL,
-                   "qcow2: Invalid compression type: incompatible feature "
-                   "bit is not set");
+        ret = qc_error(err, -EINVAL,
+                       "qcow2: Invalid compression type: incompatible feature "
+                       "bit is not set");
         goto out;
     }
     if (s->compression_type > 1) {
-        ret = qerr(err, -ENOTSUP, "qcow2: unknown compression type: %u",
-                   s->compression_type);
+        ret = qc_error(err, -ENOTSUP, "qcow2: unknown compression type: %u",
+                       s->compression_type);
         goto out;
     }
 
     s->ext_l2 = (s->incompat & QCOW2_INCOMPAT_EXTL2) != 0;
     if (s->ext_l2 && s->cluster_bits < 14) {
-        ret = qerr(err, -EINVAL,
-                   "Extended L2 entries are only supported with cluster "
-                   "sizes of at least 16384 bytes");
+        ret = qc_error(err, -EINVAL,
+                       "Extended L2 entries are only supported with cluster "
+                       "sizes of at least 16384 bytes");
         goto out;
     }
     s->l2_entry_size = s->ext_l2 ? 16 : 8;
@@ -556,7 +544,7 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
     /* data file */
     if (s->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW) {
         if (!qc_has_data_file(s)) {
-            ret = qerr(err, -EINVAL, "data-file-raw requires a data file");
+            ret = qc_error(err, -EINVAL, "data-file-raw requires a data file");
             goto out;
         }
         s->data_file_raw = true;
@@ -565,21 +553,22 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
     /* backing file */
     if (backing_off) {
         if (backing_len > QCOW2_MAX_BACKING_NAME) {
-            ret = qerr(err, -EINVAL, "Backing file name too long");
+            ret = qc_error(err, -EINVAL, "Backing file name too long");
             goto out;
         }
         if (backing_len > s->cluster_size - backing_off) {
-            ret = qerr(err, -EINVAL, "Invalid backing file offset");
+            ret = qc_error(err, -EINVAL, "Invalid backing file offset");
             goto out;
         }
         if (memchr(hdr + backing_off, 0, backing_len)) {
-            ret = qerr(err, -EINVAL, "Backing file name contains a NUL byte");
+            ret =
+                qc_error(err, -EINVAL, "Backing file name contains a NUL byte");
             goto out;
         }
         if (s->data_file_raw) {
-            ret = qerr(err, -EINVAL,
-                       "data-file-raw cannot be used with a "
-                       "backing file");
+            ret = qc_error(err, -EINVAL,
+                           "data-file-raw cannot be used with a "
+                           "backing file");
             goto out;
         }
         s->backing_file = dup_str(hdr + backing_off, backing_len);
@@ -592,46 +581,46 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
             goto out;
     }
 
-    uint64_t size = rd64(hdr + QH_SIZE);
-    s->l1_size = rd32(hdr + QH_L1_SIZE);
-    s->l1_table_offset = rd64(hdr + QH_L1_OFFSET);
-    s->refcount_table_offset = rd64(hdr + QH_RT_OFFSET);
-    s->refcount_table_clusters = rd32(hdr + QH_RT_CLUSTERS);
-    s->nb_snapshots = rd32(hdr + QH_NB_SNAPSHOTS);
-    s->snapshots_offset = rd64(hdr + QH_SNAPSHOTS_OFFSET);
+    uint64_t size = qc_get64(hdr + QH_SIZE);
+    s->l1_size = qc_get32(hdr + QH_L1_SIZE);
+    s->l1_table_offset = qc_get64(hdr + QH_L1_OFFSET);
+    s->refcount_table_offset = qc_get64(hdr + QH_RT_OFFSET);
+    s->refcount_table_clusters = qc_get32(hdr + QH_RT_CLUSTERS);
+    s->nb_snapshots = qc_get32(hdr + QH_NB_SNAPSHOTS);
+    s->snapshots_offset = qc_get64(hdr + QH_SNAPSHOTS_OFFSET);
 
     if (size > INT64_MAX) {
-        ret = qerr(err, -EFBIG, "Image size too large");
+        ret = qc_error(err, -EFBIG, "Image size too large");
         goto out;
     }
     if ((uint64_t)s->refcount_table_clusters >
         QCOW2_MAX_REFTABLE_BYTES / s->cluster_size) {
-        ret = qerr(err, -EINVAL, "Reference count table too large");
+        ret = qc_error(err, -EINVAL, "Reference count table too large");
         goto out;
     }
     if (s->refcount_table_clusters == 0) {
-        ret = qerr(err, -EINVAL,
-                   "Image does not contain a reference count "
-                   "table");
+        ret = qc_error(err, -EINVAL,
+                       "Image does not contain a reference count "
+                       "table");
         goto out;
     }
     s->refcount_table_size =
         ((uint64_t)s->refcount_table_clusters << s->cluster_bits) / 8;
     if (!table_ok(s, s->refcount_table_offset,
                   (uint64_t)s->refcount_table_clusters << s->cluster_bits)) {
-        ret = qerr(err, -EINVAL, "Invalid reference count table offset");
+        ret = qc_error(err, -EINVAL, "Invalid reference count table offset");
         goto out;
     }
     if (s->nb_snapshots > QCOW2_MAX_SNAPSHOTS) {
-        ret = qerr(err, -EINVAL, "Too many snapshots");
+        ret = qc_error(err, -EINVAL, "Too many snapshots");
         goto out;
     }
     if (s->nb_snapshots && !table_ok(s, s->snapshots_offset, 40)) {
-        ret = qerr(err, -EINVAL, "Invalid snapshot table offset");
+        ret = qc_error(err, -EINVAL, "Invalid snapshot table offset");
         goto out;
     }
     if ((uint64_t)s->l1_size > QCOW2_MAX_L1_BYTES / 8) {
-        ret = qerr(err, -EFBIG, "Active L1 table too large");
+        ret = qc_error(err, -EFBIG, "Active L1 table too large");
         goto out;
     }
     {
@@ -640,13 +629,13 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
         uint64_t need =
             l1_bits >= 64 ? 1 : (size + (1ULL << l1_bits) - 1) >> l1_bits;
         if (need > s->l1_size) {
-            ret = qerr(err, -EINVAL, "L1 table is too small");
+            ret = qc_error(err, -EINVAL, "L1 table is too small");
             goto out;
         }
     }
     if (s->l1_size &&
         !table_ok(s, s->l1_table_offset, (uint64_t)s->l1_size * 8)) {
-        ret = qerr(err, -EINVAL, "Invalid L1 table offset");
+        ret = qc_error(err, -EINVAL, "Invalid L1 table offset");
         goto out;
     }
     n->size = size;
@@ -662,7 +651,7 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
         ret = bi_co_pread(n->file, s->l1_table_offset, s->l1_table,
                           (uint64_t)s->l1_size * 8);
         if (ret < 0) {
-            qerr(err, ret, "Could not read L1 table: %s", strerror(-ret));
+            qc_error(err, ret, "Could not read L1 table: %s", strerror(-ret));
             goto out;
         }
         for (uint32_t i = 0; i < s->l1_size; i++)
@@ -678,7 +667,7 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
     ret = bi_co_pread(n->file, s->refcount_table_offset, s->refcount_table,
                       s->refcount_table_size * 8);
     if (ret < 0) {
-        qerr(err, ret, "Could not read refcount table: %s", strerror(-ret));
+        qc_error(err, ret, "Could not read refcount table: %s", strerror(-ret));
         goto out;
     }
     for (uint64_t i = 0; i < s->refcount_table_size; i++)
@@ -729,7 +718,7 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
                     dname = *p + 10;
         }
         if (!dname) {
-            ret = qerr(err, -EINVAL, "Missing data_file option");
+            ret = qc_error(err, -EINVAL, "Missing data_file option");
             goto out;
         }
         ret = check_plain_name("Data file", dname, err);
@@ -756,9 +745,9 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
         }
         s->data_file->parent = n;
     } else if (s->data_file_name) {
-        ret = qerr(err, -EINVAL,
-                   "'data-file' can only be set for images "
-                   "with an external data file");
+        ret = qc_error(err, -EINVAL,
+                       "'data-file' can only be set for images "
+                       "with an external data file");
         goto out;
     }
 
@@ -780,8 +769,8 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
             ret = qcow2_check_image(n, res, BI_CHECK_FIX_ALL, err);
             if (ret < 0) {
                 if (!err || !err->msg[0])
-                    qerr(err, ret, "Could not repair dirty image: %s",
-                         strerror(-ret));
+                    qc_error(err, ret, "Could not repair dirty image: %s",
+                             strerror(-ret));
                 goto out;
             }
             ret = qc_update_incompat(n, s->incompat & ~QCOW2_INCOMPAT_DIRTY);
@@ -799,7 +788,7 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
 out:
     bi_free_aligned(hdr);
     if (ret < 0 && err && !err->msg[0])
-        qerr(err, ret, "Could not open qcow2 image: %s", strerror(-ret));
+        qc_error(err, ret, "Could not open qcow2 image: %s", strerror(-ret));
     return ret;
 }
 
@@ -883,7 +872,7 @@ static void qcow2_close(bi_node *n)
 
 static int qcow2_probe(const uint8_t *buf, size_t len, const char *filename)
 {
-    if (len >= 8 && rd32(buf) == QCOW2_MAGIC && rd32(buf + 4) >= 2)
+    if (len >= 8 && qc_get32(buf) == QCOW2_MAGIC && qc_get32(buf + 4) >= 2)
         return 100;
     return 0;
 }

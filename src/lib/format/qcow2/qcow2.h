@@ -25,8 +25,10 @@
 
 #include "block/block.h"
 #include "util/coroutine.h"
+#include <endian.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <string.h>
 
 #ifndef BI_BS_RECURSE /* block.h: refine a data run with the file */
 #define BI_BS_RECURSE (1u << 16)
@@ -371,6 +373,45 @@ int qc_snapshot_delete(bi_node *n, const char *name, bi_error *err);
 /* Writes the snapshot table anew (v3 extra data for every snapshot), the
  * header switched to it (lock held). */
 int qc_rewrite_snapshot_table(bi_node *n);
+
+/* ---- on-disk fields (big-endian) and errors ---- */
+static inline uint16_t qc_get16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, 2);
+    return be16toh(v);
+}
+static inline uint32_t qc_get32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return be32toh(v);
+}
+static inline uint64_t qc_get64(const uint8_t *p)
+{
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return be64toh(v);
+}
+static inline void qc_put16(uint8_t *p, uint16_t v)
+{
+    v = htobe16(v);
+    memcpy(p, &v, 2);
+}
+static inline void qc_put32(uint8_t *p, uint32_t v)
+{
+    v = htobe32(v);
+    memcpy(p, &v, 4);
+}
+static inline void qc_put64(uint8_t *p, uint64_t v)
+{
+    v = htobe64(v);
+    memcpy(p, &v, 8);
+}
+/* Sets err to the message without errno text (QEMU's qcow2 messages have
+ * none), code as its error code (unless one is set); returns code. */
+int qc_error(bi_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* ---- LUKS header, for info only (qcow2_luks.c) ---- */
 /* Parses the LUKS1 header h (len bytes) into *json, qemu-img info's

@@ -87,50 +87,6 @@ struct qc_bm_state {
     bool failed;   /* an update failed: no more updates */
 };
 
-static uint16_t g16(const uint8_t *p)
-{
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return be16toh(v);
-}
-static uint32_t g32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return be32toh(v);
-}
-static uint64_t g64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return be64toh(v);
-}
-static void p32(uint8_t *p, uint32_t v)
-{
-    v = htobe32(v);
-    memcpy(p, &v, 4);
-}
-static void p64(uint8_t *p, uint64_t v)
-{
-    v = htobe64(v);
-    memcpy(p, &v, 8);
-}
-
-static int bm_err(bi_error *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int bm_err(bi_error *err, int code, const char *fmt, ...)
-{
-    char buf[1200];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    bi_error_set(err, 0, "%s", buf);
-    if (err && err->code == 0)
-        err->code = code;
-    return code;
-}
-
 /* Bits a bitmap of granularity 2^gbits has for an image of size bytes,
  * and the table entries (clusters of bits) they take. */
 static uint64_t bm_nbits(uint64_t size, unsigned gbits)
@@ -149,8 +105,8 @@ static const uint8_t *entry_at(const struct qc_bm_state *st, uint32_t i)
 }
 static const char *entry_name(const uint8_t *e, int *len)
 {
-    *len = g16(e + 18);
-    return (const char *)e + BME_ENTRY_HDR + g32(e + 20);
+    *len = qc_get16(e + 18);
+    return (const char *)e + BME_ENTRY_HDR + qc_get32(e + 20);
 }
 
 /* ------------------------------------------------------------ memory */
@@ -270,11 +226,11 @@ static int set_bits(bi_node *n, struct qc_bm_state *st, struct qc_bm *b,
 
 static int read_table(bi_node *n, const uint8_t *e, uint64_t **out)
 {
-    uint32_t size = g32(e + 8);
+    uint32_t size = qc_get32(e + 8);
     uint64_t *t = malloc((size_t)size * 8);
     if (!t)
         return -ENOMEM;
-    int ret = bi_co_pread(n->file, g64(e), t, (uint64_t)size * 8);
+    int ret = bi_co_pread(n->file, qc_get64(e), t, (uint64_t)size * 8);
     if (ret < 0) {
         free(t);
         return ret;
@@ -315,8 +271,8 @@ static int load_bitmap(bi_node *n, uint32_t i, bi_error *err)
     free(t);
     if (ret < 0) {
         free_chunks(st, b, 0, s->cluster_size);
-        return bm_err(err, ret, "Could not read bitmap '%.*s' from image: %s",
-                      nl, name, strerror(-ret));
+        return qc_error(err, ret, "Could not read bitmap '%.*s' from image: %s",
+                        nl, name, strerror(-ret));
     }
     b->loaded = true;
     return 0;
@@ -425,16 +381,16 @@ static int check_names(struct qc_bm_state *st, uint32_t nb, bi_error *err)
 {
     struct name_ref *v = malloc((size_t)nb * sizeof(*v));
     if (!v)
-        return bm_err(err, -ENOMEM, "Could not load bitmaps: %s",
-                      strerror(ENOMEM));
+        return qc_error(err, -ENOMEM, "Could not load bitmaps: %s",
+                        strerror(ENOMEM));
     for (uint32_t i = 0; i < nb; i++)
         v[i].p = entry_name(entry_at(st, i), &v[i].len);
     qsort(v, nb, sizeof(*v), cmp_name);
     int ret = 0;
     for (uint32_t i = 1; i < nb && ret == 0; i++)
         if (!cmp_name(&v[i - 1], &v[i]))
-            ret = bm_err(err, -EINVAL, "Bitmap already exists: %.*s", v[i].len,
-                         v[i].p);
+            ret = qc_error(err, -EINVAL, "Bitmap already exists: %.*s",
+                           v[i].len, v[i].p);
     free(v);
     return ret;
 }
@@ -448,19 +404,19 @@ static int check_dir(bi_node *n, struct qc_bm_state *st, bi_error *err)
     while (pos < st->dir_size) {
         const uint8_t *e = st->dir + pos;
         if (st->dir_size - pos < BME_ENTRY_HDR)
-            return bm_err(err, -EINVAL, "Broken bitmap directory");
+            return qc_error(err, -EINVAL, "Broken bitmap directory");
         if (++cnt > s->nb_bitmaps)
-            return bm_err(err, -EINVAL,
-                          "More bitmaps found than specified in header "
-                          "extension");
-        uint64_t len =
-            bi_align_up(BME_ENTRY_HDR + (uint64_t)g16(e + 18) + g32(e + 20), 8);
+            return qc_error(err, -EINVAL,
+                            "More bitmaps found than specified in header "
+                            "extension");
+        uint64_t len = bi_align_up(
+            BME_ENTRY_HDR + (uint64_t)qc_get16(e + 18) + qc_get32(e + 20), 8);
         if (len > st->dir_size - pos)
-            return bm_err(err, -EINVAL, "Broken bitmap directory");
-        if (g32(e + 20))
-            return bm_err(err, -EINVAL, "Bitmap extra data is not supported");
-        uint64_t toff = g64(e);
-        uint32_t tsize = g32(e + 8), flags = g32(e + 12);
+            return qc_error(err, -EINVAL, "Broken bitmap directory");
+        if (qc_get32(e + 20))
+            return qc_error(err, -EINVAL, "Bitmap extra data is not supported");
+        uint64_t toff = qc_get64(e);
+        uint32_t tsize = qc_get32(e + 8), flags = qc_get32(e + 12);
         unsigned gbits = e[17];
         int nl;
         const char *name = entry_name(e, &nl);
@@ -477,17 +433,18 @@ static int check_dir(bi_node *n, struct qc_bm_state *st, bi_error *err)
             bm_nbits(n->size, gbits) > phys * 8)
             bad = true;
         if (bad)
-            return bm_err(err, -EINVAL,
-                          "Bitmap '%.*s' doesn't satisfy the constraints", nl,
-                          name);
+            return qc_error(err, -EINVAL,
+                            "Bitmap '%.*s' doesn't satisfy the constraints", nl,
+                            name);
         if (memchr(name, 0, (size_t)nl))
-            return bm_err(err, -EINVAL, "Broken bitmap directory");
+            return qc_error(err, -EINVAL, "Broken bitmap directory");
         st->bm[cnt - 1].pos = (uint32_t)pos;
         pos += len;
     }
     if (cnt != s->nb_bitmaps)
-        return bm_err(err, -EINVAL,
-                      "Less bitmaps found than specified in header extension");
+        return qc_error(
+            err, -EINVAL,
+            "Less bitmaps found than specified in header extension");
     return check_names(st, s->nb_bitmaps, err);
 }
 
@@ -505,39 +462,39 @@ static int check_tables(bi_node *n, struct qc_bm_state *st, bool rw,
         const uint8_t *e = entry_at(st, i);
         int nl;
         const char *name = entry_name(e, &nl);
-        uint32_t tsize = g32(e + 8);
-        b->inconsistent = (g32(e + 12) & BME_FLAG_IN_USE) != 0;
+        uint32_t tsize = qc_get32(e + 8);
+        b->inconsistent = (qc_get32(e + 12) & BME_FLAG_IN_USE) != 0;
         b->nbits = bm_nbits(n->size, e[17]);
         b->nchunks = bm_nchunks(s, b->nbits);
         if (b->inconsistent)
             continue; /* QEMU reads nothing of those */
-        if (!in_file(s, g64(e), (uint64_t)tsize * 8)) {
-            ret = bm_err(err, -EINVAL,
-                         "Could not read bitmap_table table from image for "
-                         "bitmap '%.*s': %s",
-                         nl, name, strerror(EINVAL));
+        if (!in_file(s, qc_get64(e), (uint64_t)tsize * 8)) {
+            ret = qc_error(err, -EINVAL,
+                           "Could not read bitmap_table table from image for "
+                           "bitmap '%.*s': %s",
+                           nl, name, strerror(EINVAL));
             break;
         }
         total += tsize;
         if (total > BM_MAX_TOTAL_ENTRIES) {
-            ret = bm_err(err, -EFBIG,
-                         "Bitmap '%.*s' is too big: the bitmaps of this "
-                         "image take more than %llu table entries",
-                         nl, name, (unsigned long long)BM_MAX_TOTAL_ENTRIES);
+            ret = qc_error(err, -EFBIG,
+                           "Bitmap '%.*s' is too big: the bitmaps of this "
+                           "image take more than %llu table entries",
+                           nl, name, (unsigned long long)BM_MAX_TOTAL_ENTRIES);
             break;
         }
         uint64_t *t;
         ret = read_table(n, e, &t);
         if (ret < 0) {
-            bm_err(err, ret,
-                   "Could not read bitmap_table table from image for "
-                   "bitmap '%.*s': %s",
-                   nl, name, strerror(-ret));
+            qc_error(err, ret,
+                     "Could not read bitmap_table table from image for "
+                     "bitmap '%.*s': %s",
+                     nl, name, strerror(-ret));
             break;
         }
         if (rw)
             ret =
-                add_range(&rs, g64(e),
+                add_range(&rs, qc_get64(e),
                           bi_align_up((uint64_t)tsize * 8, s->cluster_size), 1);
         for (uint32_t j = 0; ret == 0 && j < tsize; j++) {
             uint64_t off = t[j] & BME_TE_OFFSET;
@@ -545,10 +502,10 @@ static int check_tables(bi_node *n, struct qc_bm_state *st, bool rw,
                 (off &&
                  ((t[j] & BME_TE_ALL_ONES) || (off & (s->cluster_size - 1)))) ||
                 (off && !in_file(s, off, s->cluster_size))) {
-                ret = bm_err(err, -EINVAL,
-                             "Could not read bitmap_table table from image "
-                             "for bitmap '%.*s': %s",
-                             nl, name, strerror(EINVAL));
+                ret = qc_error(err, -EINVAL,
+                               "Could not read bitmap_table table from image "
+                               "for bitmap '%.*s': %s",
+                               nl, name, strerror(EINVAL));
                 break;
             }
             if (off && rw)
@@ -556,16 +513,16 @@ static int check_tables(bi_node *n, struct qc_bm_state *st, bool rw,
         }
         free(t);
         if (ret == 0 && tsize != b->nchunks)
-            ret = bm_err(err, -EINVAL,
-                         "Could not read bitmap '%.*s' from image: %s", nl,
-                         name, strerror(EINVAL));
+            ret = qc_error(err, -EINVAL,
+                           "Could not read bitmap '%.*s' from image: %s", nl,
+                           name, strerror(EINVAL));
     }
     if (ret == -ENOMEM && err && !err->msg[0])
-        bm_err(err, ret, "Could not load bitmaps: %s", strerror(ENOMEM));
+        qc_error(err, ret, "Could not load bitmaps: %s", strerror(ENOMEM));
     if (ret == 0 && rw && ranges_overlap(&rs))
-        ret = bm_err(err, -EINVAL,
-                     "Bitmap clusters overlap other metadata or each other; "
-                     "run 'qemu-img check' on the image");
+        ret = qc_error(err, -EINVAL,
+                       "Bitmap clusters overlap other metadata or each other; "
+                       "run 'qemu-img check' on the image");
     free(rs.r);
     return ret;
 }
@@ -577,26 +534,27 @@ int qc_bitmaps_open(bi_node *n, bool track, bi_error *err)
         s->version < 3)
         return 0;
     if (s->nb_bitmaps == 0)
-        return bm_err(err, -EINVAL,
-                      "found bitmaps extension with zero bitmaps");
+        return qc_error(err, -EINVAL,
+                        "found bitmaps extension with zero bitmaps");
     if (s->nb_bitmaps > BME_MAX_BITMAPS)
-        return bm_err(err, -EINVAL,
-                      "bitmaps_ext: Image has %" PRIu32
-                      " bitmaps, exceeding the QEMU supported maximum of %d",
-                      s->nb_bitmaps, BME_MAX_BITMAPS);
+        return qc_error(err, -EINVAL,
+                        "bitmaps_ext: Image has %" PRIu32
+                        " bitmaps, exceeding the QEMU supported maximum of %d",
+                        s->nb_bitmaps, BME_MAX_BITMAPS);
     if (s->bitmap_dir_size == 0)
-        return bm_err(err, -EINVAL, "Requested bitmap directory size is zero");
+        return qc_error(err, -EINVAL,
+                        "Requested bitmap directory size is zero");
     if (s->bitmap_dir_size > BME_MAX_DIR_SIZE)
-        return bm_err(err, -EINVAL,
-                      "bitmaps_ext: bitmap directory size (%" PRIu64
-                      ") exceeds the maximum supported size (%u)",
-                      s->bitmap_dir_size, BME_MAX_DIR_SIZE);
+        return qc_error(err, -EINVAL,
+                        "bitmaps_ext: bitmap directory size (%" PRIu64
+                        ") exceeds the maximum supported size (%u)",
+                        s->bitmap_dir_size, BME_MAX_DIR_SIZE);
     if (s->bitmap_dir_offset & (s->cluster_size - 1))
-        return bm_err(err, -EINVAL,
-                      "bitmaps_ext: invalid bitmap directory offset");
+        return qc_error(err, -EINVAL,
+                        "bitmaps_ext: invalid bitmap directory offset");
     if (!in_file(s, s->bitmap_dir_offset, s->bitmap_dir_size))
-        return bm_err(err, -EINVAL, "Failed to read bitmap directory: %s",
-                      strerror(EINVAL));
+        return qc_error(err, -EINVAL, "Failed to read bitmap directory: %s",
+                        strerror(EINVAL));
 
     struct qc_bm_state *st = calloc(1, sizeof(*st));
     if (!st)
@@ -610,7 +568,8 @@ int qc_bitmaps_open(bi_node *n, bool track, bi_error *err)
         goto fail;
     ret = bi_co_pread(n->file, s->bitmap_dir_offset, st->dir, st->dir_size);
     if (ret < 0) {
-        bm_err(err, ret, "Failed to read bitmap directory: %s", strerror(-ret));
+        qc_error(err, ret, "Failed to read bitmap directory: %s",
+                 strerror(-ret));
         goto fail;
     }
     ret = check_dir(n, st, err);
@@ -625,7 +584,8 @@ int qc_bitmaps_open(bi_node *n, bool track, bi_error *err)
     st->keep = true;
     for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
         struct qc_bm *b = &st->bm[i];
-        if (b->inconsistent || !(g32(entry_at(st, i) + 12) & BME_FLAG_AUTO))
+        if (b->inconsistent ||
+            !(qc_get32(entry_at(st, i) + 12) & BME_FLAG_AUTO))
             continue;
         ret = load_bitmap(n, i, err);
         if (ret < 0)
@@ -657,20 +617,20 @@ static int switch_ext(bi_node *n, uint64_t old_off, uint64_t new_off)
     int ret = bi_co_pread(n->file, 0, h, cs);
     if (ret < 0)
         goto out;
-    uint64_t end = cs, bo = g64(h + QH_BACKING_OFFSET);
+    uint64_t end = cs, bo = qc_get64(h + QH_BACKING_OFFSET);
     if (bo && bo < cs)
         end = bo;
     ret = -EIO; /* the extension must be where the state says it is */
     for (uint64_t off = s->header_length; off + 8 <= end;) {
-        uint32_t type = g32(h + off), len = g32(h + off + 4);
+        uint32_t type = qc_get32(h + off), len = qc_get32(h + off + 4);
         if (type == QCOW2_EXT_END || len > end - off - 8)
             break;
         if (type == QCOW2_EXT_BITMAPS) {
-            if (len >= 24 && g32(h + off + 8) == s->nb_bitmaps &&
-                g64(h + off + 16) == s->bitmap_dir_size &&
-                g64(h + off + 24) == old_off) {
+            if (len >= 24 && qc_get32(h + off + 8) == s->nb_bitmaps &&
+                qc_get64(h + off + 16) == s->bitmap_dir_size &&
+                qc_get64(h + off + 24) == old_off) {
                 uint8_t v[8];
-                p64(v, new_off);
+                qc_put64(v, new_off);
                 ret = qc_write_header_field(n, off + 24, v, 8);
             }
             break;
@@ -734,7 +694,7 @@ static int begin_in_use(bi_node *n)
         if (!b->loaded || b->in_use)
             continue;
         uint8_t *e = dir + b->pos;
-        p32(e + 12, g32(e + 12) | BME_FLAG_IN_USE);
+        qc_put32(e + 12, qc_get32(e + 12) | BME_FLAG_IN_USE);
         any = true;
     }
     int ret = any ? switch_dir(n, dir) : 0;
@@ -794,19 +754,19 @@ int qc_bitmaps_truncate_begin(bi_node *n, uint64_t size, bi_error *err)
     if (!st || size == n->size)
         return 0;
     if (st->failed)
-        return bm_err(err, -EIO,
-                      "Bitmaps of this image could not be "
-                      "updated");
+        return qc_error(err, -EIO,
+                        "Bitmaps of this image could not be "
+                        "updated");
     for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
         if (!st->bm[i].inconsistent)
             continue;
         int nl;
         const char *name = entry_name(entry_at(st, i), &nl);
-        return bm_err(err, -ENOTSUP,
-                      "Bitmap '%.*s' is inconsistent and cannot be used\n"
-                      "Try block-dirty-bitmap-remove to delete this bitmap "
-                      "from disk",
-                      nl, name);
+        return qc_error(err, -ENOTSUP,
+                        "Bitmap '%.*s' is inconsistent and cannot be used\n"
+                        "Try block-dirty-bitmap-remove to delete this bitmap "
+                        "from disk",
+                        nl, name);
     }
     int ret;
     for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
@@ -821,16 +781,16 @@ int qc_bitmaps_truncate_begin(bi_node *n, uint64_t size, bi_error *err)
             nb * s->cluster_size > BME_MAX_PHYS_SIZE) {
             int nl;
             const char *name = entry_name(entry_at(st, i), &nl);
-            return bm_err(err, -EINVAL, "Bitmap '%.*s' is too big", nl, name);
+            return qc_error(err, -EINVAL, "Bitmap '%.*s' is too big", nl, name);
         }
         if (bm_reserve(b, nb) < 0)
-            return bm_err(err, -ENOMEM, "Could not resize bitmaps: %s",
-                          strerror(ENOMEM));
+            return qc_error(err, -ENOMEM, "Could not resize bitmaps: %s",
+                            strerror(ENOMEM));
     }
     ret = begin_in_use(n);
     if (ret < 0)
-        return bm_err(err, ret, "Can't update bitmap directory: %s",
-                      strerror(-ret));
+        return qc_error(err, ret, "Can't update bitmap directory: %s",
+                        strerror(-ret));
     return 0;
 }
 
@@ -985,8 +945,8 @@ int qc_bitmaps_store(bi_node *n)
     for (uint32_t i = 0; ret == 0 && i < nb; i++) {
         if (!st->bm[i].in_use)
             continue;
-        ooffs[i] = g64(entry_at(st, i));
-        osizes[i] = g32(entry_at(st, i) + 8);
+        ooffs[i] = qc_get64(entry_at(st, i));
+        osizes[i] = qc_get32(entry_at(st, i) + 8);
         ret = read_table(n, entry_at(st, i), &old[i]);
     }
     for (uint32_t i = 0; ret == 0 && i < nb; i++)
@@ -1005,9 +965,9 @@ int qc_bitmaps_store(bi_node *n)
         if (!b->in_use)
             continue;
         uint8_t *e = dir + b->pos;
-        p64(e, toffs[i]);
-        p32(e + 8, (uint32_t)b->nchunks);
-        p32(e + 12, g32(e + 12) & ~BME_FLAG_IN_USE);
+        qc_put64(e, toffs[i]);
+        qc_put32(e + 8, (uint32_t)b->nchunks);
+        qc_put32(e + 12, qc_get32(e + 12) & ~BME_FLAG_IN_USE);
     }
     ret = switch_dir(n, dir);
     if (ret < 0)
@@ -1020,9 +980,9 @@ int qc_bitmaps_store(bi_node *n)
         const uint8_t *e = entry_at(st, i);
         free_table_clusters(n, old[i], osizes[i], ooffs[i]);
         if (s->bitmaps) {
-            s->bitmaps[i].table_offset = g64(e);
-            s->bitmaps[i].table_size = g32(e + 8);
-            s->bitmaps[i].flags = g32(e + 12);
+            s->bitmaps[i].table_offset = qc_get64(e);
+            s->bitmaps[i].table_size = qc_get32(e + 8);
+            s->bitmaps[i].flags = qc_get32(e + 12);
         }
         b->in_use = false;
     }
@@ -1067,21 +1027,6 @@ out:
  * state is loaded again from disk after each action.
  */
 
-static int act_err(bi_error *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int act_err(bi_error *err, int code, const char *fmt, ...)
-{
-    char buf[3000];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    bi_error_set(err, 0, "%s", buf);
-    if (err && err->code == 0)
-        err->code = code;
-    return code;
-}
-
 /* The bitmaps extension points at nb bitmaps in a directory of size bytes
  * at off (nb == 0: no extension, autoclear bit cleared). One header write
  * of the header cluster, flushed. */
@@ -1095,13 +1040,13 @@ static int set_ext(bi_node *n, uint32_t nb, uint64_t size, uint64_t off)
     int ret = bi_co_pread(n->file, 0, h, cs);
     if (ret < 0)
         goto out;
-    uint64_t end = cs, bo = g64(h + QH_BACKING_OFFSET);
+    uint64_t end = cs, bo = qc_get64(h + QH_BACKING_OFFSET);
     if (bo && bo < cs)
         end = bo;
     uint64_t pos = s->header_length, ext = 0, term = 0;
     bool found_end = false;
     while (pos + 8 <= end) {
-        uint32_t type = g32(h + pos), len = g32(h + pos + 4);
+        uint32_t type = qc_get32(h + pos), len = qc_get32(h + pos + 4);
         if (type == QCOW2_EXT_END) {
             found_end = true;
             break;
@@ -1117,10 +1062,10 @@ static int set_ext(bi_node *n, uint32_t nb, uint64_t size, uint64_t off)
         goto out;
     term = pos;
     uint8_t data[24] = {0};
-    p32(data, nb);
-    p64(data + 8, size);
-    p64(data + 16, off);
-    if (ext && g32(h + ext + 4) != 24)
+    qc_put32(data, nb);
+    qc_put64(data + 8, size);
+    qc_put64(data + 16, off);
+    if (ext && qc_get32(h + ext + 4) != 24)
         goto out;
     if (nb && ext) {
         memcpy(h + ext + 8, data, 24);
@@ -1129,8 +1074,8 @@ static int set_ext(bi_node *n, uint32_t nb, uint64_t size, uint64_t off)
             ret = -ENOSPC;
             goto out;
         }
-        p32(h + term, QCOW2_EXT_BITMAPS);
-        p32(h + term + 4, 24);
+        qc_put32(h + term, QCOW2_EXT_BITMAPS);
+        qc_put32(h + term + 4, 24);
         memcpy(h + term + 8, data, 24);
         memset(h + term + 32, 0, 8);
     } else if (ext) {
@@ -1142,7 +1087,7 @@ static int set_ext(bi_node *n, uint32_t nb, uint64_t size, uint64_t off)
         ac |= QCOW2_AUTOCLEAR_BITMAPS;
     else
         ac &= ~(uint64_t)QCOW2_AUTOCLEAR_BITMAPS;
-    p64(h + QH_AUTOCLEAR, ac);
+    qc_put64(h + QH_AUTOCLEAR, ac);
     ret = bi_co_pwrite(n->file, 0, h, cs, 0);
     if (ret == 0)
         ret = bi_co_flush(n->file);
@@ -1199,7 +1144,8 @@ static int edit_dir_read(bi_node *n, struct edit_dir *d)
 
 static uint64_t entry_len(const uint8_t *e)
 {
-    return bi_align_up(BME_ENTRY_HDR + (uint64_t)g16(e + 18) + g32(e + 20), 8);
+    return bi_align_up(
+        BME_ENTRY_HDR + (uint64_t)qc_get16(e + 18) + qc_get32(e + 20), 8);
 }
 
 static int find_entry(const struct edit_dir *d, const char *name)
@@ -1225,7 +1171,7 @@ static int load_entry(bi_node *n, struct qc_bm_state *mem, const uint8_t *e,
     b->nchunks = bm_nchunks(s, b->nbits);
     uint64_t *t = NULL;
     int ret = bm_reserve(b, b->nchunks ? b->nchunks : 1);
-    if (ret == 0 && g32(e + 8) != b->nchunks)
+    if (ret == 0 && qc_get32(e + 8) != b->nchunks)
         ret = -EINVAL;
     if (ret == 0)
         ret = read_table(n, e, &t);
@@ -1313,8 +1259,8 @@ static int merge_bits(bi_node *n, struct qc_bm_state *mem, struct qc_bm *dst,
 static void free_entry_clusters(bi_node *n, const uint8_t *e)
 {
     qcow2_state *s = n->opaque;
-    uint64_t toff = g64(e);
-    uint32_t tsize = g32(e + 8);
+    uint64_t toff = qc_get64(e);
+    uint32_t tsize = qc_get32(e + 8);
     uint64_t cs = s->cluster_size;
     uint64_t tbytes = bi_align_up((uint64_t)tsize * 8, cs);
     if (!toff || !tsize || (toff & (cs - 1)) || !in_file(s, toff, tbytes) ||
@@ -1374,8 +1320,8 @@ static int commit_dir(bi_node *n, const uint8_t *nd, uint64_t nsize,
     if (ret < 0) {
         if (nb)
             qc_update_refcount(n, (uint64_t)off, bytes, -1);
-        return act_err(err, ret, "Can't update bitmap directory: %s",
-                       strerror(-ret));
+        return qc_error(err, ret, "Can't update bitmap directory: %s",
+                        strerror(-ret));
     }
     /* the switch is done: the old copies are garbage now */
     *switched = true;
@@ -1398,7 +1344,7 @@ static int commit_dir(bi_node *n, const uint8_t *nd, uint64_t nsize,
             ret = qc_read_bitmaps(n, err);
     }
     if (ret < 0 && err && !err->msg[0])
-        act_err(err, ret, "Can't update bitmap directory: %s", strerror(-ret));
+        qc_error(err, ret, "Can't update bitmap directory: %s", strerror(-ret));
     return ret;
 }
 
@@ -1446,10 +1392,10 @@ static int do_add(struct bm_act *a, struct edit_dir *d)
     const char *name = a->name;
     uint64_t g = a->granularity;
     if (!name[0])
-        return act_err(err, -EINVAL, "Bitmap name cannot be empty");
+        return qc_error(err, -EINVAL, "Bitmap name cannot be empty");
     if (g && (g < 512 || (g & (g - 1)) || g > (1ULL << 31)))
-        return act_err(err, -EINVAL,
-                       "Granularity must be power of 2 and at least 512");
+        return qc_error(err, -EINVAL,
+                        "Granularity must be power of 2 and at least 512");
     if (!g) /* QEMU's default: the cluster size within [4 KiB, 64 KiB] */
         g = BI_MIN(BI_MAX(s->cluster_size, 4096), 65536);
     unsigned gbits = 0;
@@ -1458,31 +1404,31 @@ static int do_add(struct bm_act *a, struct edit_dir *d)
     const char *pre = "Can't make bitmap '%s' persistent in '%s': %s";
     size_t nl = strlen(name);
     if (s->version < 3)
-        return act_err(err, -ENOTSUP, pre, name, n->filename,
-                       "Cannot store dirty bitmaps in qcow2 v2 files");
+        return qc_error(err, -ENOTSUP, pre, name, n->filename,
+                        "Cannot store dirty bitmaps in qcow2 v2 files");
     if (nl > BME_MAX_NAME_SIZE)
-        return act_err(err, -ENAMETOOLONG, pre, name, n->filename,
-                       "Name length exceeds maximum (1023 characters)");
+        return qc_error(err, -ENAMETOOLONG, pre, name, n->filename,
+                        "Name length exceeds maximum (1023 characters)");
     uint64_t nbits = bm_nbits(n->size, gbits);
     uint64_t nchunks = bm_nchunks(s, nbits);
     if (nchunks > BME_MAX_TABLE_SIZE ||
         nchunks * s->cluster_size > BME_MAX_PHYS_SIZE)
-        return act_err(err, -EINVAL, pre, name, n->filename,
-                       "Too much space will be occupied by the bitmap. Use "
-                       "larger granularity");
+        return qc_error(err, -EINVAL, pre, name, n->filename,
+                        "Too much space will be occupied by the bitmap. Use "
+                        "larger granularity");
     if (d->nb >= BME_MAX_BITMAPS)
-        return act_err(err, -EINVAL, pre, name, n->filename,
-                       "Maximum number of persistent bitmaps is already "
-                       "reached");
+        return qc_error(err, -EINVAL, pre, name, n->filename,
+                        "Maximum number of persistent bitmaps is already "
+                        "reached");
     uint64_t elen = bi_align_up(BME_ENTRY_HDR + nl, 8);
     if (d->size + elen > BME_MAX_DIR_SIZE)
-        return act_err(err, -EINVAL, pre, name, n->filename,
-                       "Not enough space in the bitmap directory");
+        return qc_error(err, -EINVAL, pre, name, n->filename,
+                        "Not enough space in the bitmap directory");
     if (find_entry(d, name) >= 0)
-        return act_err(err, -EEXIST, "Bitmap already exists: %s", name);
+        return qc_error(err, -EEXIST, "Bitmap already exists: %s", name);
     if (!nchunks)
-        return act_err(err, -EINVAL, pre, name, n->filename,
-                       "Image size is zero");
+        return qc_error(err, -EINVAL, pre, name, n->filename,
+                        "Image size is zero");
 
     struct qc_bm_state mem = {0};
     struct qc_bm b = {0};
@@ -1494,8 +1440,8 @@ static int do_add(struct bm_act *a, struct edit_dir *d)
         ret = write_contents(n, &b, &t, &toff);
     drop_loaded(s, &mem, &b);
     if (ret < 0)
-        return act_err(err, ret, "Could not write bitmap '%s': %s", name,
-                       strerror(-ret));
+        return qc_error(err, ret, "Could not write bitmap '%s': %s", name,
+                        strerror(-ret));
     uint8_t *nd = calloc(1, d->size + elen);
     if (!nd) {
         free_table_clusters(n, t, nchunks, toff);
@@ -1505,9 +1451,9 @@ static int do_add(struct bm_act *a, struct edit_dir *d)
     if (d->size)
         memcpy(nd, d->dir, d->size);
     uint8_t *e = nd + d->size;
-    p64(e, toff);
-    p32(e + 8, (uint32_t)nchunks);
-    p32(e + 12, a->flag ? 0 : BME_FLAG_AUTO);
+    qc_put64(e, toff);
+    qc_put32(e + 8, (uint32_t)nchunks);
+    qc_put32(e + 12, a->flag ? 0 : BME_FLAG_AUTO);
     e[16] = BME_TYPE_DIRTY;
     e[17] = (uint8_t)gbits;
     e[18] = (uint8_t)(nl >> 8);
@@ -1542,27 +1488,27 @@ static int bm_action_locked(struct bm_act *a)
     bi_error *err = a->err;
     struct qc_bm_state *st = s->bm_state;
     if (n->read_only)
-        return act_err(err, -EACCES, "Image '%s' is read-only", n->filename);
+        return qc_error(err, -EACCES, "Image '%s' is read-only", n->filename);
     if (st && st->failed)
-        return act_err(err, -EIO,
-                       "Bitmaps of this image could not be "
-                       "updated");
+        return qc_error(err, -EIO,
+                        "Bitmaps of this image could not be "
+                        "updated");
     if (st && st->begun) {
         int ret = qc_bitmaps_store(n);
         if (ret < 0)
-            return act_err(err, ret, "Could not store bitmaps: %s",
-                           strerror(-ret));
+            return qc_error(err, ret, "Could not store bitmaps: %s",
+                            strerror(-ret));
         st->begun = false;
     }
     int ret = qc_before_write(n);
     if (ret < 0)
-        return act_err(err, ret, "Could not update the image header: %s",
-                       strerror(-ret));
+        return qc_error(err, ret, "Could not update the image header: %s",
+                        strerror(-ret));
     struct edit_dir d;
     ret = edit_dir_read(n, &d);
     if (ret < 0)
-        return act_err(err, ret, "Could not read the bitmap directory: %s",
-                       strerror(-ret));
+        return qc_error(err, ret, "Could not read the bitmap directory: %s",
+                        strerror(-ret));
     if (a->op == ACT_ADD) {
         ret = do_add(a, &d);
         edit_dir_free(&d);
@@ -1571,10 +1517,10 @@ static int bm_action_locked(struct bm_act *a)
     int i = find_entry(&d, a->name);
     if (i < 0) {
         edit_dir_free(&d);
-        return act_err(err, -ENOENT, "Dirty bitmap '%s' not found", a->name);
+        return qc_error(err, -ENOENT, "Dirty bitmap '%s' not found", a->name);
     }
     uint8_t *e = d.dir + d.pos[i];
-    uint32_t flags = g32(e + 12);
+    uint32_t flags = qc_get32(e + 12);
     uint8_t *nd = NULL;
     uint64_t nsize = d.size;
     bool sw = false;
@@ -1584,7 +1530,7 @@ static int bm_action_locked(struct bm_act *a)
         goto out;
     }
     if (flags & BME_FLAG_IN_USE) {
-        ret = act_err(err, -EBUSY, inconsistent_msg, a->name);
+        ret = qc_error(err, -EBUSY, inconsistent_msg, a->name);
         goto out;
     }
     nd = malloc(d.size);
@@ -1595,7 +1541,8 @@ static int bm_action_locked(struct bm_act *a)
     memcpy(nd, d.dir, d.size);
     uint8_t *ne = nd + d.pos[i];
     if (a->op == ACT_ENABLE) {
-        p32(ne + 12, a->flag ? flags | BME_FLAG_AUTO : flags & ~BME_FLAG_AUTO);
+        qc_put32(ne + 12,
+                 a->flag ? flags | BME_FLAG_AUTO : flags & ~BME_FLAG_AUTO);
         ret = commit_dir(n, nd, nsize, d.nb, NULL, &sw, err);
         goto out;
     }
@@ -1639,13 +1586,13 @@ static int bm_action_locked(struct bm_act *a)
             se = j >= 0 ? sd.dir + sd.pos[j] : NULL;
         }
         if (!se) {
-            ret = act_err(err, -ENXIO, "Dirty bitmap '%s' not found",
-                          a->src_name);
-        } else if (g32(se + 12) & BME_FLAG_IN_USE) {
-            ret = act_err(err, -ESTALE, inconsistent_msg, a->src_name);
+            ret = qc_error(err, -ENXIO, "Dirty bitmap '%s' not found",
+                           a->src_name);
+        } else if (qc_get32(se + 12) & BME_FLAG_IN_USE) {
+            ret = qc_error(err, -ESTALE, inconsistent_msg, a->src_name);
         } else if (sn->size != n->size) {
-            ret = act_err(err, -EINVAL,
-                          "Bitmaps are incompatible and can't be merged");
+            ret = qc_error(err, -EINVAL,
+                           "Bitmaps are incompatible and can't be merged");
         } else {
             ret = load_entry(n, &mem, e, &b);
             if (ret == 0)
@@ -1653,8 +1600,8 @@ static int bm_action_locked(struct bm_act *a)
             if (ret == 0)
                 ret = merge_bits(n, &mem, &b, e[17], sn, &sb, se[17]);
             if (ret < 0)
-                act_err(err, ret, "Could not merge bitmap '%s': %s",
-                        a->src_name, strerror(-ret));
+                qc_error(err, ret, "Could not merge bitmap '%s': %s",
+                         a->src_name, strerror(-ret));
         }
         drop_loaded(sn->opaque, &mem, &sb);
         edit_dir_free(&sd);
@@ -1663,12 +1610,12 @@ static int bm_action_locked(struct bm_act *a)
     if (ret == 0) {
         ret = write_contents(n, &b, &t, &toff);
         if (ret < 0)
-            act_err(err, ret, "Could not write bitmap '%s': %s", a->name,
-                    strerror(-ret));
+            qc_error(err, ret, "Could not write bitmap '%s': %s", a->name,
+                     strerror(-ret));
     }
     if (ret == 0) {
-        p64(ne, toff);
-        p32(ne + 8, (uint32_t)b.nchunks);
+        qc_put64(ne, toff);
+        qc_put32(ne + 8, (uint32_t)b.nchunks);
         ret = commit_dir(n, nd, nsize, d.nb, e, &sw, err);
         if (ret < 0 && !sw)
             free_table_clusters(n, t, b.nchunks, toff);
@@ -1695,14 +1642,15 @@ static int bm_action(struct bm_act *a)
 {
     if (a->n->drv != &bi_drv_qcow2) {
         if (a->op == ACT_ADD)
-            return act_err(a->err, -ENOTSUP,
-                           "Can't store persistent bitmaps to %s: %s",
-                           a->n->filename, strerror(ENOTSUP));
-        return act_err(a->err, -ENOENT, "Dirty bitmap '%s' not found", a->name);
+            return qc_error(a->err, -ENOTSUP,
+                            "Can't store persistent bitmaps to %s: %s",
+                            a->n->filename, strerror(ENOTSUP));
+        return qc_error(a->err, -ENOENT, "Dirty bitmap '%s' not found",
+                        a->name);
     }
     if (a->op == ACT_MERGE && a->src != a->n && a->src->drv != &bi_drv_qcow2)
-        return act_err(a->err, -ENXIO, "Dirty bitmap '%s' not found",
-                       a->src_name);
+        return qc_error(a->err, -ENXIO, "Dirty bitmap '%s' not found",
+                        a->src_name);
     return bi_run_co(bm_action_co, a);
 }
 

@@ -31,21 +31,6 @@ struct qc_create {
     bool prealloc_meta_only; /* L2 tables mapped, no data preallocation */
 };
 
-static int cerr(bi_error *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int cerr(bi_error *err, int code, const char *fmt, ...)
-{
-    char buf[900];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    bi_error_set(err, 0, "%s", buf);
-    if (err && !err->code)
-        err->code = code;
-    return code;
-}
-
 static int parse_bool(const char *key, const char *v, bool *out, bi_error *err)
 {
     if (!v || !strcmp(v, "on")) {
@@ -56,7 +41,7 @@ static int parse_bool(const char *key, const char *v, bool *out, bi_error *err)
         *out = false;
         return 0;
     }
-    return cerr(err, -EINVAL, "Parameter '%s' expects 'on' or 'off'", key);
+    return qc_error(err, -EINVAL, "Parameter '%s' expects 'on' or 'off'", key);
 }
 
 static int parse_opts(const struct bi_create_opts *o, struct qc_create *c,
@@ -77,7 +62,7 @@ static int parse_opts(const struct bi_create_opts *o, struct qc_create *c,
     for (const char *const *p = o->options; p && *p; p++) {
         ret = bi_optlist_parse(&l, *p);
         if (ret < 0) {
-            cerr(err, -EINVAL, "Invalid option list: %s", *p);
+            qc_error(err, -EINVAL, "Invalid option list: %s", *p);
             goto out;
         }
     }
@@ -85,9 +70,9 @@ static int parse_opts(const struct bi_create_opts *o, struct qc_create *c,
         const char *k = l.v[i].key, *v = l.v[i].value;
         if (!strcmp(k, "size")) {
             if (!v || bi_parse_size(v, &c->size) < 0) {
-                ret = cerr(err, -EINVAL,
-                           "Parameter 'size' expects a "
-                           "non-negative number below 2^64");
+                ret = qc_error(err, -EINVAL,
+                               "Parameter 'size' expects a "
+                               "non-negative number below 2^64");
                 goto out;
             }
         } else if (!strcmp(k, "compat")) {
@@ -96,9 +81,9 @@ static int parse_opts(const struct bi_create_opts *o, struct qc_create *c,
             else if (v && (!strcmp(v, "1.1") || !strcmp(v, "v3")))
                 c->version = 3;
             else {
-                ret = cerr(err, -EINVAL,
-                           "Parameter 'version' does not accept value '%s'",
-                           v ? v : "");
+                ret = qc_error(err, -EINVAL,
+                               "Parameter 'version' does not accept value '%s'",
+                               v ? v : "");
                 goto out;
             }
         } else if (!strcmp(k, "backing_file")) {
@@ -109,18 +94,18 @@ static int parse_opts(const struct bi_create_opts *o, struct qc_create *c,
             uint64_t cs;
             if (!v || bi_parse_size(v, &cs) < 0 || !bi_is_pow2(cs) ||
                 cs < 512 || cs > (2u << 20)) {
-                ret = cerr(err, -EINVAL,
-                           "Cluster size must be a power of "
-                           "two between 512 and 2048k");
+                ret = qc_error(err, -EINVAL,
+                               "Cluster size must be a power of "
+                               "two between 512 and 2048k");
                 goto out;
             }
             c->cluster_size = cs;
         } else if (!strcmp(k, "preallocation")) {
             if (!v || bi_prealloc_parse(v, &c->prealloc) < 0) {
-                ret = cerr(err, -EINVAL,
-                           "Parameter 'preallocation' does not "
-                           "accept value '%s'",
-                           v ? v : "");
+                ret = qc_error(err, -EINVAL,
+                               "Parameter 'preallocation' does not "
+                               "accept value '%s'",
+                               v ? v : "");
                 goto out;
             }
         } else if (!strcmp(k, "lazy_refcounts")) {
@@ -131,9 +116,9 @@ static int parse_opts(const struct bi_create_opts *o, struct qc_create *c,
             char *e;
             unsigned long long b = v ? strtoull(v, &e, 10) : 0;
             if (!v || *e || !b || b > 64 || !bi_is_pow2(b)) {
-                ret = cerr(err, -EINVAL,
-                           "Refcount width must be a power of "
-                           "two and may not exceed 64 bits");
+                ret = qc_error(err, -EINVAL,
+                               "Refcount width must be a power of "
+                               "two and may not exceed 64 bits");
                 goto out;
             }
             refcount_bits = b;
@@ -148,10 +133,10 @@ static int parse_opts(const struct bi_create_opts *o, struct qc_create *c,
             else if (v && !strcmp(v, "zstd"))
                 c->compression = QCOW2_COMPRESSION_ZSTD;
             else {
-                ret = cerr(err, -EINVAL,
-                           "Parameter 'compression-type' does "
-                           "not accept value '%s'",
-                           v ? v : "");
+                ret = qc_error(err, -EINVAL,
+                               "Parameter 'compression-type' does "
+                               "not accept value '%s'",
+                               v ? v : "");
                 goto out;
             }
         } else if (!strcmp(k, "data_file")) {
@@ -161,11 +146,11 @@ static int parse_opts(const struct bi_create_opts *o, struct qc_create *c,
             if (ret < 0)
                 goto out;
         } else if (!strcmp(k, "encryption") || !strncmp(k, "encrypt.", 8)) {
-            ret =
-                cerr(err, -ENOTSUP, "Encrypted qcow2 images are not supported");
+            ret = qc_error(err, -ENOTSUP,
+                           "Encrypted qcow2 images are not supported");
             goto out;
         } else {
-            ret = cerr(err, -EINVAL, "Invalid parameter '%s'", k);
+            ret = qc_error(err, -EINVAL, "Invalid parameter '%s'", k);
             goto out;
         }
     }
@@ -183,63 +168,63 @@ static int parse_opts(const struct bi_create_opts *o, struct qc_create *c,
     const char *v3hint = "(use version=v3 or greater)";
     if (c->version == 2) {
         if (have_refcount_bits && refcount_bits != 16) {
-            ret = cerr(err, -EINVAL,
-                       "Different refcount widths than 16 bits require "
-                       "compatibility level 1.1 or above %s",
-                       v3hint);
+            ret = qc_error(err, -EINVAL,
+                           "Different refcount widths than 16 bits require "
+                           "compatibility level 1.1 or above %s",
+                           v3hint);
             goto out;
         }
         if (c->lazy) {
-            ret = cerr(err, -EINVAL,
-                       "Lazy refcounts only supported with compatibility "
-                       "level 1.1 and above %s",
-                       v3hint);
+            ret = qc_error(err, -EINVAL,
+                           "Lazy refcounts only supported with compatibility "
+                           "level 1.1 and above %s",
+                           v3hint);
             goto out;
         }
         if (c->ext_l2) {
-            ret = cerr(err, -EINVAL,
-                       "Extended L2 entries are only supported with "
-                       "compatibility level 1.1 and above %s",
-                       v3hint);
+            ret = qc_error(err, -EINVAL,
+                           "Extended L2 entries are only supported with "
+                           "compatibility level 1.1 and above %s",
+                           v3hint);
             goto out;
         }
         if (c->compression != QCOW2_COMPRESSION_ZLIB) {
-            ret = cerr(err, -EINVAL,
-                       "Non-zlib compression type is only supported with "
-                       "compatibility level 1.1 and above %s",
-                       v3hint);
+            ret = qc_error(err, -EINVAL,
+                           "Non-zlib compression type is only supported with "
+                           "compatibility level 1.1 and above %s",
+                           v3hint);
             goto out;
         }
         if (c->data_file) {
-            ret = cerr(err, -EINVAL,
-                       "External data files are only supported with "
-                       "compatibility level 1.1 and above %s",
-                       v3hint);
+            ret = qc_error(err, -EINVAL,
+                           "External data files are only supported with "
+                           "compatibility level 1.1 and above %s",
+                           v3hint);
             goto out;
         }
     }
     if (c->ext_l2 && c->cluster_size < 16384) {
-        ret = cerr(err, -EINVAL,
-                   "Extended L2 entries are only supported "
-                   "with cluster sizes of at least 16384 "
-                   "bytes");
+        ret = qc_error(err, -EINVAL,
+                       "Extended L2 entries are only supported "
+                       "with cluster sizes of at least 16384 "
+                       "bytes");
         goto out;
     }
     if (c->data_file_raw && !c->data_file) {
-        ret = cerr(err, -EINVAL, "data-file-raw requires data-file");
+        ret = qc_error(err, -EINVAL, "data-file-raw requires data-file");
         goto out;
     }
     if (c->data_file_raw && c->backing_file) {
-        ret = cerr(err, -EINVAL,
-                   "Backing file and data-file-raw cannot be "
-                   "used at the same time");
+        ret = qc_error(err, -EINVAL,
+                       "Backing file and data-file-raw cannot be "
+                       "used at the same time");
         goto out;
     }
     if (c->backing_file && c->prealloc != BI_PREALLOC_OFF && !c->ext_l2) {
-        ret = cerr(err, -EINVAL,
-                   "Backing file and preallocation can only "
-                   "be used at the same time if extended_l2 "
-                   "is on");
+        ret = qc_error(err, -EINVAL,
+                       "Backing file and preallocation can only "
+                       "be used at the same time if extended_l2 "
+                       "is on");
         goto out;
     }
     /* a raw data file is the disk: every cluster maps to it from the
@@ -247,12 +232,12 @@ static int parse_opts(const struct bi_create_opts *o, struct qc_create *c,
     if (c->data_file_raw && c->prealloc == BI_PREALLOC_OFF)
         c->prealloc_meta_only = true;
     if (c->backing_file && !c->backing_fmt) {
-        ret =
-            cerr(err, -EINVAL, "Backing file specified without backing format");
+        ret = qc_error(err, -EINVAL,
+                       "Backing file specified without backing format");
         goto out;
     }
     if (c->backing_file && strlen(c->backing_file) > QCOW2_MAX_BACKING_NAME) {
-        ret = cerr(err, -EINVAL, "Backing file name too long");
+        ret = qc_error(err, -EINVAL, "Backing file name too long");
         goto out;
     }
 out:
@@ -274,22 +259,11 @@ out:
     return ret;
 }
 
-static void put64(uint8_t *p, uint64_t v)
-{
-    v = htobe64(v);
-    memcpy(p, &v, 8);
-}
-static void put32(uint8_t *p, uint32_t v)
-{
-    v = htobe32(v);
-    memcpy(p, &v, 4);
-}
-
 static size_t add_ext(uint8_t *buf, size_t pos, uint32_t type, const void *data,
                       uint32_t len)
 {
-    put32(buf + pos, type);
-    put32(buf + pos + 4, len);
+    qc_put32(buf + pos, type);
+    qc_put32(buf + pos + 4, len);
     memcpy(buf + pos + 8, data, len);
     return pos + 8 + bi_align_up(len, 8);
 }
@@ -316,14 +290,14 @@ static int build_header(const struct qc_create *c, uint8_t *buf,
 {
     uint64_t cs = c->cluster_size;
     memset(buf, 0, cs);
-    put32(buf + QH_MAGIC, QCOW2_MAGIC);
-    put32(buf + QH_VERSION, (uint32_t)c->version);
-    put32(buf + QH_CLUSTER_BITS, (uint32_t)c->cluster_bits);
-    put64(buf + QH_SIZE, c->size);
-    put32(buf + QH_L1_SIZE, l1_size);
-    put64(buf + QH_L1_OFFSET, l1_off);
-    put64(buf + QH_RT_OFFSET, rt_off);
-    put32(buf + QH_RT_CLUSTERS, rt_clusters);
+    qc_put32(buf + QH_MAGIC, QCOW2_MAGIC);
+    qc_put32(buf + QH_VERSION, (uint32_t)c->version);
+    qc_put32(buf + QH_CLUSTER_BITS, (uint32_t)c->cluster_bits);
+    qc_put64(buf + QH_SIZE, c->size);
+    qc_put32(buf + QH_L1_SIZE, l1_size);
+    qc_put64(buf + QH_L1_OFFSET, l1_off);
+    qc_put64(buf + QH_RT_OFFSET, rt_off);
+    qc_put32(buf + QH_RT_CLUSTERS, rt_clusters);
     size_t hlen = QH_V2_LENGTH;
     if (c->version >= 3) {
         uint64_t incompat = 0, compat = 0, autoclear = 0;
@@ -337,11 +311,11 @@ static int build_header(const struct qc_create *c, uint8_t *buf,
             compat |= QCOW2_COMPAT_LAZY_REFCOUNTS;
         if (c->data_file_raw)
             autoclear |= QCOW2_AUTOCLEAR_DATA_FILE_RAW;
-        put64(buf + QH_INCOMPAT, incompat);
-        put64(buf + QH_COMPAT, compat);
-        put64(buf + QH_AUTOCLEAR, autoclear);
-        put32(buf + QH_REFCOUNT_ORDER, (uint32_t)c->refcount_order);
-        put32(buf + QH_HEADER_LENGTH, QH_V3_LENGTH);
+        qc_put64(buf + QH_INCOMPAT, incompat);
+        qc_put64(buf + QH_COMPAT, compat);
+        qc_put64(buf + QH_AUTOCLEAR, autoclear);
+        qc_put32(buf + QH_REFCOUNT_ORDER, (uint32_t)c->refcount_order);
+        qc_put32(buf + QH_HEADER_LENGTH, QH_V3_LENGTH);
         buf[QH_COMPRESSION_TYPE] = (uint8_t)c->compression;
         hlen = QH_V3_LENGTH;
     }
@@ -353,9 +327,9 @@ static int build_header(const struct qc_create *c, uint8_t *buf,
         need += 8 + bi_align_up(strlen(data_file_name), 8);
     need += 8 + blen; /* end marker, backing name */
     if (need > cs)
-        return cerr(err, -ENOSPC,
-                    "Header extensions do not fit in the "
-                    "first cluster");
+        return qc_error(err, -ENOSPC,
+                        "Header extensions do not fit in the "
+                        "first cluster");
     size_t pos = hlen;
     if (c->backing_fmt && c->backing_file)
         pos = add_ext(buf, pos, QCOW2_EXT_BACKING_FORMAT, c->backing_fmt,
@@ -379,8 +353,8 @@ static int build_header(const struct qc_create *c, uint8_t *buf,
     }
     pos += 8; /* end of extensions */
     if (c->backing_file) {
-        put64(buf + QH_BACKING_OFFSET, pos);
-        put32(buf + QH_BACKING_SIZE, (uint32_t)blen);
+        qc_put64(buf + QH_BACKING_OFFSET, pos);
+        qc_put32(buf + QH_BACKING_SIZE, (uint32_t)blen);
         memcpy(buf + pos, c->backing_file, blen);
     }
     return 0;
@@ -408,10 +382,10 @@ static void refblock_set(int order, uint8_t *p, uint64_t i, uint64_t v)
         break;
     }
     case 5:
-        put32(p + i * 4, (uint32_t)v);
+        qc_put32(p + i * 4, (uint32_t)v);
         break;
     default:
-        put64(p + i * 8, v);
+        qc_put64(p + i * 8, v);
         break;
     }
 }
@@ -443,9 +417,9 @@ static int write_image(const char *filename, const struct qc_create *c,
     int ret;
 
     if (l1_size * 8 > QCOW2_MAX_L1_BYTES)
-        return cerr(err, -EFBIG,
-                    "Image size too large (L1 table would "
-                    "exceed 32 MiB)");
+        return qc_error(err, -EFBIG,
+                        "Image size too large (L1 table would "
+                        "exceed 32 MiB)");
     /* refcount table T clusters and R blocks covering everything */
     for (;;) {
         uint64_t total = 1 + t + r + l1_clusters + n_l2 + n_data;
@@ -457,9 +431,9 @@ static int write_image(const char *filename, const struct qc_create *c,
         t = BI_MAX(t, t2);
     }
     if (t * cs > QCOW2_MAX_REFTABLE_BYTES)
-        return cerr(err, -EFBIG,
-                    "Image size too large for the refcount "
-                    "table");
+        return qc_error(err, -EFBIG,
+                        "Image size too large for the refcount "
+                        "table");
     uint64_t rt_off = cs;
     uint64_t rb_off = (1 + t) * cs;
     uint64_t l1_off = l1_size ? (1 + t + r) * cs : 0;
@@ -503,7 +477,7 @@ static int write_image(const char *filename, const struct qc_create *c,
         for (uint64_t e = 0; e < cs / 8; e++) {
             uint64_t bi = i * (cs / 8) + e;
             if (bi < r)
-                put64(buf + e * 8, rb_off + bi * cs);
+                qc_put64(buf + e * 8, rb_off + bi * cs);
         }
         ret = bi_pwrite(f, rt_off + i * cs, buf, cs, 0);
         if (ret < 0)
@@ -527,7 +501,7 @@ static int write_image(const char *filename, const struct qc_create *c,
         for (uint64_t e = 0; e < cs / 8 && prealloc; e++) {
             uint64_t idx = i * (cs / 8) + e;
             if (idx < l1_size)
-                put64(buf + e * 8, (l2_off + idx * cs) | QCOW_OFLAG_COPIED);
+                qc_put64(buf + e * 8, (l2_off + idx * cs) | QCOW_OFLAG_COPIED);
         }
         /* QEMU's file ends with the L1 entries, unpadded */
         uint64_t len = cs;
@@ -545,11 +519,11 @@ static int write_image(const char *filename, const struct qc_create *c,
             if (g >= guest_clusters)
                 break;
             uint64_t host = c->data_file ? g * cs : data_off + g * cs;
-            put64(buf + e * (c->ext_l2 ? 16 : 8), host | QCOW_OFLAG_COPIED);
+            qc_put64(buf + e * (c->ext_l2 ? 16 : 8), host | QCOW_OFLAG_COPIED);
             /* with a backing file the subclusters stay unallocated (the
              * backing shows through), the host cluster is reserved */
             if (c->ext_l2 && !c->backing_file)
-                put64(buf + e * 16 + 8, 0xffffffffULL);
+                qc_put64(buf + e * 16 + 8, 0xffffffffULL);
         }
         ret = bi_pwrite(f, l2_off + i * cs, buf, cs, 0);
         if (ret < 0)
@@ -568,7 +542,7 @@ static int write_image(const char *filename, const struct qc_create *c,
     BI_UNUSED(cb);
     goto out;
 io_err:
-    cerr(err, ret, "Could not write qcow2 header: %s", strerror(-ret));
+    qc_error(err, ret, "Could not write qcow2 header: %s", strerror(-ret));
 out:
     bi_free_aligned(buf);
     bi_error e2;
@@ -607,19 +581,20 @@ int qcow2_create(const char *filename, const struct bi_create_opts *o,
             bi_error_init(&e2);
             bi_close(b, &e2);
             if (bs < 0) {
-                ret = cerr(err, (int)bs,
-                           "Could not get the size of the "
-                           "backing file");
+                ret = qc_error(err, (int)bs,
+                               "Could not get the size of the "
+                               "backing file");
                 goto out;
             }
             c.size = (uint64_t)bs;
         } else if (!size_opt) {
-            ret = cerr(err, -EINVAL, "Image creation needs a size parameter");
+            ret =
+                qc_error(err, -EINVAL, "Image creation needs a size parameter");
             goto out;
         }
     }
     if (c.size > INT64_MAX) {
-        ret = cerr(err, -EFBIG, "Image size too large");
+        ret = qc_error(err, -EFBIG, "Image size too large");
         goto out;
     }
     if (c.data_file) {

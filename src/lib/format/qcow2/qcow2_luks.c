@@ -24,13 +24,6 @@
 #define LUKS_SLOT_INACTIVE 0x0000DEADu
 #define LUKS_SECTOR 512ULL
 
-static uint32_t be32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return be32toh(v);
-}
-
 /* A fixed-size, NUL-padded header string (not always NUL-terminated). */
 static void field(char *dst, const uint8_t *src, size_t n)
 {
@@ -110,9 +103,9 @@ int qc_luks_info(const uint8_t *h, size_t len, char **json, bi_error *err)
     field(cname, h + 8, 32);
     field(cmode, h + 40, 32);
     field(hspec, h + 72, 32);
-    uint32_t payload = be32(h + 104);
-    uint32_t key_bytes = be32(h + 108);
-    uint32_t mk_iters = be32(h + 164);
+    uint32_t payload = qc_get32(h + 104);
+    uint32_t key_bytes = qc_get32(h + 108);
+    uint32_t mk_iters = qc_get32(h + 164);
     field(uuid, h + 168, 40);
 
     /* "xts-plain64", "cbc-essiv:sha256": mode, ivgen and its hash */
@@ -158,9 +151,9 @@ int qc_luks_info(const uint8_t *h, size_t len, char **json, bi_error *err)
     size_t pos = 0;
     for (int i = 0; i < LUKS_SLOTS; i++) {
         const uint8_t *ks = h + 208 + 48 * i;
-        uint32_t active = be32(ks), iters = be32(ks + 4);
-        uint64_t key_off = be32(ks + 40) * LUKS_SECTOR;
-        uint32_t stripes = be32(ks + 44);
+        uint32_t active = qc_get32(ks), iters = qc_get32(ks + 4);
+        uint64_t key_off = qc_get32(ks + 40) * LUKS_SECTOR;
+        uint32_t stripes = qc_get32(ks + 44);
         if (active != LUKS_SLOT_ACTIVE && active != LUKS_SLOT_INACTIVE) {
             bi_error_set(err, EINVAL,
                          "Key slot %d state is neither active nor inactive", i);

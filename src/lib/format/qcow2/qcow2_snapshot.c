@@ -14,25 +14,6 @@
 
 #define QCOW2_MAX_SNAPSHOTS_SIZE (1024ULL * QCOW2_MAX_SNAPSHOTS)
 
-static uint64_t g64(const uint8_t *p)
-{
-    uint64_t v;
-    memcpy(&v, p, 8);
-    return be64toh(v);
-}
-static uint32_t g32(const uint8_t *p)
-{
-    uint32_t v;
-    memcpy(&v, p, 4);
-    return be32toh(v);
-}
-static uint16_t g16(const uint8_t *p)
-{
-    uint16_t v;
-    memcpy(&v, p, 2);
-    return be16toh(v);
-}
-
 void qc_free_snapshots(qcow2_state *s)
 {
     if (!s->snapshots)
@@ -75,14 +56,14 @@ int qc_read_snapshots(bi_node *n, bi_error *err)
         if (ret < 0)
             return snap_err(err, ret, "Failed to read snapshot table");
         off += sizeof(h);
-        sn->l1_table_offset = g64(h);
-        sn->l1_size = g32(h + 8);
-        uint16_t id_len = g16(h + 12), name_len = g16(h + 14);
-        sn->date_sec = g32(h + 16);
-        sn->date_nsec = g32(h + 20);
-        sn->vm_clock_nsec = g64(h + 24);
-        sn->vm_state_size = g32(h + 32);
-        sn->extra_data_size = g32(h + 36);
+        sn->l1_table_offset = qc_get64(h);
+        sn->l1_size = qc_get32(h + 8);
+        uint16_t id_len = qc_get16(h + 12), name_len = qc_get16(h + 14);
+        sn->date_sec = qc_get32(h + 16);
+        sn->date_nsec = qc_get32(h + 20);
+        sn->vm_clock_nsec = qc_get64(h + 24);
+        sn->vm_state_size = qc_get32(h + 32);
+        sn->extra_data_size = qc_get32(h + 36);
         if (sn->extra_data_size > QCOW2_MAX_SNAPSHOT_EXTRA)
             return snap_err(err, -EFBIG,
                             "Too much extra metadata in "
@@ -100,11 +81,11 @@ int qc_read_snapshots(bi_node *n, bi_error *err)
         }
         uint32_t ex = sn->extra_data_size;
         if (ex >= 8)
-            sn->vm_state_size = g64(v);
-        sn->disk_size = ex >= 16 ? g64(v + 8) : n->size;
+            sn->vm_state_size = qc_get64(v);
+        sn->disk_size = ex >= 16 ? qc_get64(v + 8) : n->size;
         if (ex >= 24) {
             sn->has_icount = true;
-            sn->icount = g64(v + 16);
+            sn->icount = qc_get64(v + 16);
             if (sn->icount == UINT64_MAX)
                 sn->has_icount = false;
         }
@@ -138,37 +119,6 @@ int qc_read_snapshots(bi_node *n, bi_error *err)
 
 /* ------------------------------------------------ create, apply, delete */
 
-static void p64(uint8_t *p, uint64_t v)
-{
-    v = htobe64(v);
-    memcpy(p, &v, 8);
-}
-static void p32(uint8_t *p, uint32_t v)
-{
-    v = htobe32(v);
-    memcpy(p, &v, 4);
-}
-static void p16(uint8_t *p, uint16_t v)
-{
-    v = htobe16(v);
-    memcpy(p, &v, 2);
-}
-
-static int serr(bi_error *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int serr(bi_error *err, int code, const char *fmt, ...)
-{
-    char buf[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    bi_error_set(err, 0, "%s", buf);
-    if (err && !err->code)
-        err->code = code;
-    return code;
-}
-
 /* Writes the snapshot table for s->snapshots[0..nb) to new clusters and
  * switches the header to it; the old table is freed. */
 static int write_snapshot_table(bi_node *n, struct qcow2_snapshot *sns,
@@ -200,20 +150,20 @@ static int write_snapshot_table(bi_node *n, struct qcow2_snapshot *sns,
             const struct qcow2_snapshot *sn = &sns[i];
             size_t il = strlen(sn->id_str), nl = strlen(sn->name);
             uint32_t ex = 24 + sn->unknown_extra_len;
-            p64(p, sn->l1_table_offset);
-            p32(p + 8, sn->l1_size);
-            p16(p + 12, (uint16_t)il);
-            p16(p + 14, (uint16_t)nl);
-            p32(p + 16, sn->date_sec);
-            p32(p + 20, sn->date_nsec);
-            p64(p + 24, sn->vm_clock_nsec);
-            p32(p + 32, sn->vm_state_size > UINT32_MAX
-                            ? 0
-                            : (uint32_t)sn->vm_state_size);
-            p32(p + 36, ex);
-            p64(p + 40, sn->vm_state_size);
-            p64(p + 48, sn->disk_size);
-            p64(p + 56, sn->has_icount ? sn->icount : UINT64_MAX);
+            qc_put64(p, sn->l1_table_offset);
+            qc_put32(p + 8, sn->l1_size);
+            qc_put16(p + 12, (uint16_t)il);
+            qc_put16(p + 14, (uint16_t)nl);
+            qc_put32(p + 16, sn->date_sec);
+            qc_put32(p + 20, sn->date_nsec);
+            qc_put64(p + 24, sn->vm_clock_nsec);
+            qc_put32(p + 32, sn->vm_state_size > UINT32_MAX
+                                 ? 0
+                                 : (uint32_t)sn->vm_state_size);
+            qc_put32(p + 36, ex);
+            qc_put64(p + 40, sn->vm_state_size);
+            qc_put64(p + 48, sn->disk_size);
+            qc_put64(p + 56, sn->has_icount ? sn->icount : UINT64_MAX);
             if (sn->unknown_extra_len)
                 memcpy(p + 64, sn->unknown_extra, sn->unknown_extra_len);
             memcpy(p + 40 + ex, sn->id_str, il);
@@ -240,8 +190,8 @@ static int write_snapshot_table(bi_node *n, struct qcow2_snapshot *sns,
             return ret;
     }
     uint8_t h[12];
-    p32(h, nb);
-    p64(h + 4, off);
+    qc_put32(h, nb);
+    qc_put64(h + 4, off);
     ret = qc_write_header_field(n, QH_NB_SNAPSHOTS, h, 12);
     if (ret < 0) {
         if (size)
@@ -392,15 +342,15 @@ static int snapshots_supported(bi_node *n, bi_error *err, const char *what,
 {
     qcow2_state *s = n->opaque;
     if (s->read_only)
-        return serr(err, -EROFS,
-                    "Could not %s snapshot '%s': image is "
-                    "read-only",
-                    what, name);
+        return qc_error(err, -EROFS,
+                        "Could not %s snapshot '%s': image is "
+                        "read-only",
+                        what, name);
     if (qc_has_data_file(s))
-        return serr(err, -ENOTSUP,
-                    "Could not %s snapshot '%s': -95 "
-                    "(Operation not supported)",
-                    what, name);
+        return qc_error(err, -ENOTSUP,
+                        "Could not %s snapshot '%s': -95 "
+                        "(Operation not supported)",
+                        what, name);
     return 0;
 }
 
@@ -411,15 +361,15 @@ int qc_snapshot_create(bi_node *n, const char *name, bi_error *err)
     if (ret < 0)
         return ret;
     if (s->nb_snapshots >= QCOW2_MAX_SNAPSHOTS)
-        return serr(err, -EFBIG,
-                    "Could not create snapshot '%s': -27 (File "
-                    "too large)",
-                    name);
+        return qc_error(err, -EFBIG,
+                        "Could not create snapshot '%s': -27 (File "
+                        "too large)",
+                        name);
     if (strlen(name) > 65535)
-        return serr(err, -EINVAL,
-                    "Could not create snapshot '%s': name too "
-                    "long",
-                    name);
+        return qc_error(err, -EINVAL,
+                        "Could not create snapshot '%s': name too "
+                        "long",
+                        name);
     bi_co_mutex_lock(&s->lock);
     ret = qc_before_write(n);
     if (ret < 0) {
@@ -499,8 +449,8 @@ int qc_snapshot_create(bi_node *n, const char *name, bi_error *err)
 out:
     bi_co_mutex_unlock(&s->lock);
     if (ret < 0 && err && !err->msg[0])
-        serr(err, ret, "Could not create snapshot '%s': %d (%s)", name, ret,
-             strerror(-ret));
+        qc_error(err, ret, "Could not create snapshot '%s': %d (%s)", name, ret,
+                 strerror(-ret));
     return ret;
 }
 
@@ -509,10 +459,10 @@ int qc_snapshot_apply(bi_node *n, const char *name, bi_error *err)
     qcow2_state *s = n->opaque;
     uint64_t *snl1 = NULL, *old = NULL;
     if (qc_bitmaps_kept(s)) /* as QEMU: the bitmaps could not follow */
-        return serr(err, -EBUSY,
-                    "Could not apply snapshot '%s': Device has active "
-                    "dirty bitmaps",
-                    name);
+        return qc_error(err, -EBUSY,
+                        "Could not apply snapshot '%s': Device has active "
+                        "dirty bitmaps",
+                        name);
     int ret = snapshots_supported(n, err, "apply", name);
     if (ret < 0)
         return ret;
@@ -525,10 +475,10 @@ int qc_snapshot_apply(bi_node *n, const char *name, bi_error *err)
     int idx = find_snapshot(s, name);
     if (idx < 0) {
         bi_co_mutex_unlock(&s->lock);
-        return serr(err, -ENOENT,
-                    "Could not apply snapshot '%s': Failed to "
-                    "load snapshot: No such file or directory",
-                    name);
+        return qc_error(err, -ENOENT,
+                        "Could not apply snapshot '%s': Failed to "
+                        "load snapshot: No such file or directory",
+                        name);
     }
     struct qcow2_snapshot *sn = &s->snapshots[idx];
     ret = qc_flush_metadata(n);
@@ -578,8 +528,8 @@ out:
     free(snl1);
     free(old);
     if (ret < 0 && err && !err->msg[0])
-        serr(err, ret, "Could not apply snapshot '%s': %s", name,
-             strerror(-ret));
+        qc_error(err, ret, "Could not apply snapshot '%s': %s", name,
+                 strerror(-ret));
     return ret;
 }
 
@@ -599,8 +549,9 @@ int qc_snapshot_delete(bi_node *n, const char *name, bi_error *err)
     int idx = find_snapshot(s, name);
     if (idx < 0) {
         bi_co_mutex_unlock(&s->lock);
-        return serr(err, -ENOENT,
-                    "Could not delete snapshot '%s': snapshot not found", name);
+        return qc_error(err, -ENOENT,
+                        "Could not delete snapshot '%s': snapshot not found",
+                        name);
     }
     struct qcow2_snapshot sn = s->snapshots[idx];
     ret = read_l1(n, sn.l1_table_offset, sn.l1_size, &snl1);
@@ -640,8 +591,8 @@ out:
     bi_co_mutex_unlock(&s->lock);
     free(snl1);
     if (ret < 0 && err && !err->msg[0])
-        serr(err, ret, "Could not delete snapshot '%s': %s", name,
-             strerror(-ret));
+        qc_error(err, ret, "Could not delete snapshot '%s': %s", name,
+                 strerror(-ret));
     return ret;
 }
 
@@ -662,7 +613,7 @@ static int qc_snapshot_load_tmp(bi_node *n, const char *id, const char *name,
 {
     qcow2_state *s = n->opaque;
     if (!s->read_only)
-        return serr(err, -EINVAL, "Device is not readonly");
+        return qc_error(err, -EINVAL, "Device is not readonly");
     int idx = -1;
     for (uint32_t i = 0; (id || name) && i < s->nb_snapshots; i++) {
         if ((!id || !strcmp(s->snapshots[i].id_str, id)) &&
@@ -672,14 +623,14 @@ static int qc_snapshot_load_tmp(bi_node *n, const char *id, const char *name,
         }
     }
     if (idx < 0)
-        return serr(err, -ENOENT, "Can't find snapshot");
+        return qc_error(err, -ENOENT, "Can't find snapshot");
     const struct qcow2_snapshot *sn = &s->snapshots[idx];
     if ((uint64_t)sn->l1_size > QCOW2_MAX_L1_BYTES / 8)
-        return serr(err, -EFBIG, "Snapshot L1 table too large");
+        return qc_error(err, -EFBIG, "Snapshot L1 table too large");
     if (sn->l1_table_offset & (s->cluster_size - 1) ||
         sn->l1_table_offset > s->file_size ||
         (uint64_t)sn->l1_size * 8 > s->file_size - sn->l1_table_offset)
-        return serr(err, -EINVAL, "Snapshot L1 table offset invalid");
+        return qc_error(err, -EINVAL, "Snapshot L1 table offset invalid");
     uint64_t *l1 = NULL;
     bi_co_mutex_lock(&s->lock);
     int ret = read_l1(n, sn->l1_table_offset, sn->l1_size, &l1);
@@ -691,8 +642,8 @@ static int qc_snapshot_load_tmp(bi_node *n, const char *id, const char *name,
     }
     bi_co_mutex_unlock(&s->lock);
     if (ret < 0)
-        return serr(err, ret, "Could not read snapshot L1 table: %s",
-                    strerror(-ret));
+        return qc_error(err, ret, "Could not read snapshot L1 table: %s",
+                        strerror(-ret));
     return 0;
 }
 
@@ -712,10 +663,10 @@ int bi_snapshot_load_tmp(bi_node *node, const char *id, const char *name,
                          bi_error *err)
 {
     if (node->drv != &bi_drv_qcow2)
-        return serr(err, -ENOTSUP,
-                    "Block format '%s' used by device '' does not support "
-                    "temporarily loading internal snapshots",
-                    node->drv->name);
+        return qc_error(err, -ENOTSUP,
+                        "Block format '%s' used by device '' does not support "
+                        "temporarily loading internal snapshots",
+                        node->drv->name);
     struct load_tmp_args a = {node, id, name, err};
     return bi_run_co(load_tmp_co, &a);
 }
@@ -737,10 +688,10 @@ static int snap_op(bi_node *n, const char *name, int op, bi_error *err)
 {
     static const char *const what[] = {"create", "apply", "delete"};
     if (n->drv != &bi_drv_qcow2)
-        return serr(err, -ENOTSUP,
-                    "Could not %s snapshot '%s': -95 "
-                    "(Operation not supported)",
-                    what[op], name);
+        return qc_error(err, -ENOTSUP,
+                        "Could not %s snapshot '%s': -95 "
+                        "(Operation not supported)",
+                        what[op], name);
     struct snap_args a = {n, name, op, err};
     return bi_run_co(snap_co, &a);
 }
@@ -833,12 +784,12 @@ int qc_read_bitmaps(bi_node *n, bi_error *err)
         if (s->bitmap_dir_size - pos < 24)
             goto bad;
         const uint8_t *e = d + pos;
-        bm->table_offset = g64(e);
-        bm->table_size = g32(e + 8);
-        bm->flags = g32(e + 12);
+        bm->table_offset = qc_get64(e);
+        bm->table_size = qc_get32(e + 8);
+        bm->flags = qc_get32(e + 12);
         bm->granularity_bits = e[17];
-        uint16_t nl = g16(e + 18);
-        uint32_t ex = g32(e + 20);
+        uint16_t nl = qc_get16(e + 18);
+        uint32_t ex = qc_get32(e + 20);
         uint64_t len = 24 + (uint64_t)ex + nl;
         if (len > s->bitmap_dir_size - pos || bm->granularity_bits > 63 ||
             (bm->table_offset & (s->cluster_size - 1)) ||
