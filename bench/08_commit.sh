@@ -29,21 +29,8 @@ if [ ! -f "$T/top.qcow2" ] || [ "$(qemu-img info --output=json "$T/base.qcow2" 2
     ensure_random_raw "$T/base.raw" "$mib"
     qemu-img convert -f raw -O qcow2 "$T/base.raw" "$T/base.qcow2" || skip "qemu-img convert failed"
     rm -f "$T/base.raw"
-    "$PY" - "$T/top.raw" "$mib" <<'PYEOF'
-import os, random, sys
-path, mib = sys.argv[1], int(sys.argv[2])
-r = random.Random(8)
-with open(path, "wb") as f:
-    f.truncate(mib << 20)
-    off = 0
-    while off < mib << 20:
-        # runs of 64 KiB .. 4 MiB, rewritten or left to the base alike
-        n = min(r.choice([1, 2, 4, 8, 16, 32, 64]) << 16, (mib << 20) - off)
-        if r.random() < 0.5:
-            f.seek(off)
-            f.write(os.urandom(n))
-        off += n
-PYEOF
+    # runs of 64 KiB .. 4 MiB, rewritten or left to the base alike
+    half_random_raw "$T/top.raw" "$mib" 8
     # holes of the raw file stay unallocated in the top: the base shows
     qemu-img convert -f raw -O qcow2 "$T/top.raw" "$T/top.qcow2" || skip "qemu-img convert failed"
     rm -f "$T/top.raw"
