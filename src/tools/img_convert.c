@@ -287,9 +287,7 @@ int img_convert(int argc, char **argv)
     bool bitmaps = false, skip_broken = false; /* img_bitmap.c */
     enum bi_progress_mode pmode = BI_PROGRESS_NONE;
     uint64_t min_sparse = 4096, rate_limit = 0;
-    /* qemu-img's default is 8; twice as many requests in flight (32 MiB of
-     * buffers) keep a shared or networked disk busier: see bench 7. */
-    int num_co = 16;
+    int num_co = 8;
     struct bi_optlist opts, sn_opts;
     const char *snapshot_name = NULL;
     bool have_sn_opts = false;
