@@ -8,7 +8,9 @@ import pytest
 from ops_helpers import (check_ok, guest_bytes, info_lines, layout, qio,
                          run_both, sh)
 
-pytestmark = pytest.mark.qemu
+# Long (hundreds of qemu-img runs): the normal build runs it, the sanitizer
+# build skips it (`slow`) to keep `make check` short.
+pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
 MiB = 1024 * 1024
 

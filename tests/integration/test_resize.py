@@ -11,7 +11,9 @@ import pytest
 from ops_helpers import layout
 from test_convert_helpers import MiB, blocks, data_map, make_raw, read, run2
 
-pytestmark = pytest.mark.qemu
+# Long (hundreds of qemu-img runs): the normal build runs it, the sanitizer
+# build skips it (`slow`) to keep `make check` short.
+pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
 RAW_CASES = [
     "IMG 20M",

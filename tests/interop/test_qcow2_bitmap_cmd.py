@@ -21,7 +21,9 @@ import pytest
 from test_qcow2_bitmaps import (compare_images, info_bitmaps, make_image,
                                 session, set_flags, sha)
 
-pytestmark = pytest.mark.qemu
+# Long (hundreds of qemu-img runs): the normal build runs it, the sanitizer
+# build skips it (`slow`) to keep `make check` short.
+pytestmark = [pytest.mark.qemu, pytest.mark.slow]
 
 
 def both(run, qemu_img, blkimg, tmp_path, template, args, src=None):
