@@ -224,6 +224,29 @@ static int set_bits(bi_node *n, struct qc_bm_state *st, struct qc_bm *b,
 
 /* ------------------------------------------------------------ loading */
 
+/* The chunks of bitmap b from its table t: all-zero and all-ones entries
+ * take no memory, the others are read from their clusters. */
+static int read_chunks(bi_node *n, struct qc_bm_state *st, struct qc_bm *b,
+                       const uint64_t *t)
+{
+    qcow2_state *s = n->opaque;
+    for (uint64_t c = 0; c < b->nchunks; c++) {
+        uint64_t off = t[c] & BME_TE_OFFSET;
+        if (!off) {
+            b->chunks[c] = (t[c] & BME_TE_ALL_ONES) ? BM_ONES : NULL;
+            continue;
+        }
+        b->chunks[c] = new_chunk(n, st, 0);
+        if (!b->chunks[c])
+            return -ENOMEM;
+        int ret = bi_co_pread(n->file, off, b->chunks[c], s->cluster_size);
+        clear_tail(s, b, c);
+        if (ret < 0)
+            return ret;
+    }
+    return 0;
+}
+
 static int read_table(bi_node *n, const uint8_t *e, uint64_t **out)
 {
     uint32_t size = qc_get32(e + 8);
@@ -254,20 +277,8 @@ static int load_bitmap(bi_node *n, uint32_t i, bi_error *err)
     int ret = read_table(n, e, &t);
     if (ret == 0)
         ret = bm_reserve(b, b->nchunks);
-    for (uint64_t c = 0; ret == 0 && c < b->nchunks; c++) {
-        uint64_t off = t[c] & BME_TE_OFFSET;
-        if (!off) {
-            b->chunks[c] = (t[c] & BME_TE_ALL_ONES) ? BM_ONES : NULL;
-            continue;
-        }
-        b->chunks[c] = new_chunk(n, st, 0);
-        if (!b->chunks[c]) {
-            ret = -ENOMEM;
-            break;
-        }
-        ret = bi_co_pread(n->file, off, b->chunks[c], s->cluster_size);
-        clear_tail(s, b, c);
-    }
+    if (ret == 0)
+        ret = read_chunks(n, st, b, t);
     free(t);
     if (ret < 0) {
         free_chunks(st, b, 0, s->cluster_size);
@@ -1175,20 +1186,8 @@ static int load_entry(bi_node *n, struct qc_bm_state *mem, const uint8_t *e,
         ret = -EINVAL;
     if (ret == 0)
         ret = read_table(n, e, &t);
-    for (uint64_t c = 0; ret == 0 && c < b->nchunks; c++) {
-        uint64_t off = t[c] & BME_TE_OFFSET;
-        if (!off) {
-            b->chunks[c] = (t[c] & BME_TE_ALL_ONES) ? BM_ONES : NULL;
-            continue;
-        }
-        b->chunks[c] = new_chunk(n, mem, 0);
-        if (!b->chunks[c]) {
-            ret = -ENOMEM;
-            break;
-        }
-        ret = bi_co_pread(n->file, off, b->chunks[c], s->cluster_size);
-        clear_tail(s, b, c);
-    }
+    if (ret == 0)
+        ret = read_chunks(n, mem, b, t);
     free(t);
     b->loaded = ret == 0;
     return ret;
