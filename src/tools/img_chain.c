@@ -8,41 +8,18 @@
 #include <stdlib.h>
 #include <string.h>
 
-int cv_parse_image_opts(const char *s, struct bi_open_opts *o,
-                        const char **filename, char ***owned);
-void cv_free_strv(char **v);
-
 bi_node *chain_open(const char *filename, const char *fmt, bool image_opts,
                     enum bi_cache cache, bool no_backing, bool quiet_probe)
 {
     struct bi_open_opts o;
-    bi_error err;
-    char **owned = NULL;
-    const char *fname = filename;
 
     bi_open_opts_init(&o);
-    o.format = fmt;
     o.cache = cache;
     o.backing_cache = cache;
     o.read_write = true;
     o.no_backing = no_backing;
     o.quiet_probe = quiet_probe;
-    if (image_opts) {
-        if (fmt) {
-            cv_err("--image-opts and --format are mutually exclusive");
-            return NULL;
-        }
-        if (cv_parse_image_opts(filename, &o, &fname, &owned) < 0) {
-            return NULL;
-        }
-    }
-    bi_error_init(&err);
-    bi_node *n = bi_open(fname, &o, &err);
-    if (!n) {
-        cv_err("%s", err.msg);
-    }
-    cv_free_strv(owned);
-    return n;
+    return cv_open_opts(filename, fmt, image_opts, &o);
 }
 
 char *chain_resolve_backing(const char *overlay, const char *backing)

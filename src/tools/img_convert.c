@@ -36,6 +36,8 @@ char **cv_optlist_strv(const struct bi_optlist *l);
 bi_node *cv_open(const char *filename, const char *fmt, bool image_opts,
                  enum bi_cache cache, bool rw, bool force_share,
                  bool quiet_probe);
+bi_node *cv_open_opts(const char *filename, const char *fmt, bool image_opts,
+                      struct bi_open_opts *o);
 
 void cv_err(const char *fmt, ...)
 {
@@ -164,35 +166,28 @@ fail:
     return -EINVAL;
 }
 
-/* Opens an image as qemu-img's img_open() does; prints the error. */
-bi_node *cv_open(const char *filename, const char *fmt, bool image_opts,
-                 enum bi_cache cache, bool rw, bool force_share,
-                 bool quiet_probe)
+/* Opens filename with o (o->format set from fmt) as qemu-img's img_open()
+ * does: --image-opts parsed into o; prints the error. */
+bi_node *cv_open_opts(const char *filename, const char *fmt, bool image_opts,
+                      struct bi_open_opts *o)
 {
-    struct bi_open_opts o;
     bi_error err;
     char **owned = NULL;
     const char *fname = filename;
     bi_node *n;
 
-    bi_open_opts_init(&o);
-    o.format = fmt;
-    o.cache = cache;
-    o.backing_cache = cache;
-    o.read_write = rw;
-    o.force_share = force_share;
-    o.quiet_probe = quiet_probe;
+    o->format = fmt;
     if (image_opts) {
         if (fmt) {
             cv_err("--image-opts and --format are mutually exclusive");
             return NULL;
         }
-        if (cv_parse_image_opts(filename, &o, &fname, &owned) < 0) {
+        if (cv_parse_image_opts(filename, o, &fname, &owned) < 0) {
             return NULL;
         }
     }
     bi_error_init(&err);
-    n = bi_open(fname, &o, &err);
+    n = bi_open(fname, o, &err);
     if (!n) {
         /* the library's message is qemu's whole line */
         cv_err("%s", err.msg);
@@ -201,6 +196,22 @@ bi_node *cv_open(const char *filename, const char *fmt, bool image_opts,
      * format name, which the library copies; free ours. */
     cv_free_strv(owned);
     return n;
+}
+
+/* Opens an image as qemu-img's img_open() does; prints the error. */
+bi_node *cv_open(const char *filename, const char *fmt, bool image_opts,
+                 enum bi_cache cache, bool rw, bool force_share,
+                 bool quiet_probe)
+{
+    struct bi_open_opts o;
+
+    bi_open_opts_init(&o);
+    o.cache = cache;
+    o.backing_cache = cache;
+    o.read_write = rw;
+    o.force_share = force_share;
+    o.quiet_probe = quiet_probe;
+    return cv_open_opts(filename, fmt, image_opts, &o);
 }
 
 /* ---------------------------------------------------------------- convert */
