@@ -20,6 +20,7 @@ void cv_getopt_error(char **argv, int c);
 const char *strip_file_prefix(const char *msg, const char *file);
 bi_node *cv_open_opts(const char *filename, const char *fmt, bool image_opts,
                       struct bi_open_opts *o);
+int cv_parse_rate(const char *arg, uint64_t *rate);
 
 /* Opens filename read-write as qemu-img's img_open() (-f, -t, the backing
  * files with the same cache mode, --image-opts); without its backing

@@ -115,17 +115,10 @@ int img_commit(int argc, char **argv)
         case 'q':
             quiet = true;
             break;
-        case 'r': {
-            int r = bi_parse_size(optarg, &rate);
-            if (r < 0 || rate > INT64_MAX) {
-                cv_err("Invalid rate limit specified. You may use k, M, G, "
-                       "T, P or E suffixes for");
-                cv_err("kilobytes, megabytes, gigabytes, terabytes, "
-                       "petabytes and exabytes.");
+        case 'r':
+            if (cv_parse_rate(optarg, &rate) < 0)
                 return 1;
-            }
             break;
-        }
         case 256:
             cv_err("--object is not supported");
             return 1;

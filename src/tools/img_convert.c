@@ -38,6 +38,7 @@ bi_node *cv_open(const char *filename, const char *fmt, bool image_opts,
                  bool quiet_probe);
 bi_node *cv_open_opts(const char *filename, const char *fmt, bool image_opts,
                       struct bi_open_opts *o);
+int cv_parse_rate(const char *arg, uint64_t *rate);
 
 void cv_err(const char *fmt, ...)
 {
@@ -164,6 +165,20 @@ fail:
     cv_free_strv(v);
     bi_optlist_free(&l);
     return -EINVAL;
+}
+
+/* -r: qemu-img's rate limit (size suffixes, at most INT64_MAX bytes/s);
+ * 0, or -EINVAL with qemu-img's two lines printed. */
+int cv_parse_rate(const char *arg, uint64_t *rate)
+{
+    if (bi_parse_size(arg, rate) < 0 || *rate > INT64_MAX) {
+        cv_err("Invalid rate limit specified. You may use k, M, G, "
+               "T, P or E suffixes for");
+        cv_err("kilobytes, megabytes, gigabytes, terabytes, "
+               "petabytes and exabytes.");
+        return -EINVAL;
+    }
+    return 0;
 }
 
 /* Opens filename with o (o->format set from fmt) as qemu-img's img_open()
@@ -449,17 +464,11 @@ int img_convert(int argc, char **argv)
         case 'W':
             out_of_order = true;
             break;
-        case 'r': {
-            int r = bi_parse_size(optarg, &rate_limit);
-            if (r < 0 || rate_limit > INT64_MAX) {
-                cv_err("Invalid rate limit specified. You may use k, M, G, "
-                       "T, P or E suffixes for");
-                cv_err("kilobytes, megabytes, gigabytes, terabytes, "
-                       "petabytes and exabytes.");
+        case 'r':
+            if (cv_parse_rate(optarg, &rate_limit) < 0) {
                 goto out_noprog;
             }
             break;
-        }
         case 'U':
             force_share = true;
             break;
