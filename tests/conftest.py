@@ -19,6 +19,10 @@ Fixtures
                            they are missing
   sanitized                True when the build is an ASan/UBSan build
   mask_timing              function masking qemu-io's timing numbers
+  prebuilt                 prebuilt(key, build) -> directory (pathlib.Path)
+                           in which build(dir) made test images, once per
+                           key and pytest worker; tests never modify it:
+                           they copy what they need (ops_helpers.twin_copy)
 Markers
   slow      long tests (crash trials, big images)
   qemu      needs qemu-img / qemu-io (skipped when missing)
@@ -222,3 +226,16 @@ def sanitized(build_dir):
 @pytest.fixture(scope="session")
 def mask_timing():
     return mask_timing_text
+
+
+@pytest.fixture(scope="session")
+def prebuilt(tmp_path_factory):
+    dirs = {}
+
+    def get(key, build):
+        if key not in dirs:
+            d = tmp_path_factory.mktemp("prebuilt")
+            build(d)
+            dirs[key] = d
+        return dirs[key]
+    return get

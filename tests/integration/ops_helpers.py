@@ -1,8 +1,11 @@
 # SPDX-License-Identifier: MIT
-"""Helpers for the rebase / commit / amend tests: image chains built by
-qemu-img and qemu-io in two identical directories, one per tool, and the
-views of an image that must come out the same (guest bytes, allocation
-map without host offsets, qemu-img check)."""
+"""Helpers for the rebase / commit / amend / resize tests: image chains
+built by qemu-img and qemu-io once (per pytest worker, see the `prebuilt`
+fixture in tests/conftest.py) and copied into two directories, one per
+tool, and the views of an image that must come out the same (guest bytes,
+allocation map without host offsets, qemu-img check)."""
+import errno
+import itertools
 import json
 import os
 import shutil
@@ -27,29 +30,125 @@ def qio(img, *cmds, fmt=None, cwd=None):
     sh(*args, img, cwd=cwd)
 
 
+def copy_sparse(src, dst):
+    """Copies the file src to dst with the same allocation as SEEK_DATA /
+    SEEK_HOLE report it (what qemu-img map sees): the holes stay holes,
+    the data extents (zeroes in them included) are written."""
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        i, o = fi.fileno(), fo.fileno()
+        size = os.fstat(i).st_size
+        pos = 0
+        while pos < size:
+            try:
+                start = os.lseek(i, pos, os.SEEK_DATA)
+            except OSError as e:
+                if e.errno != errno.ENXIO:
+                    raise
+                break
+            stop = os.lseek(i, start, os.SEEK_HOLE)
+            off = start
+            while off < stop:
+                n = os.copy_file_range(i, o, stop - off, off, off)
+                if n <= 0:
+                    raise OSError(errno.EIO, "short copy of %s" % src)
+                off += n
+            pos = stop
+        fo.truncate(size)
+
+
+def copy_images(src, dst, names=None):
+    """Copies the images names (default: every file) of directory src into
+    the new directory dst (relative backing names keep working)."""
+    dst.mkdir()
+    for n in names if names is not None else sorted(os.listdir(src)):
+        copy_sparse(src / n, dst / n)
+    return dst
+
+
+def twin_copy(src, tmp_path, names=None):
+    """Two copies of the images of src (built once): returns (q, b), the
+    directory qemu-img works in and the one blkimg works in."""
+    return (copy_images(src, tmp_path / "q", names),
+            copy_images(src, tmp_path / "b", names))
+
+
 def twin_dirs(tmp_path, build):
     """build(dir) makes the images in a directory; returns (q, b): the
-    directory qemu-img works in and the one blkimg works in."""
-    q = tmp_path / "q"
-    b = tmp_path / "b"
-    # built twice rather than copied: a copy would not keep raw files
-    # sparse, and their allocation shows in the maps
-    for d in (q, b):
-        d.mkdir()
-        build(d)
-    return q, b
+    directory qemu-img works in and the one blkimg works in (built once,
+    in tmp_path/src, and copied allocation and all)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    build(src)
+    return twin_copy(src, tmp_path)
+
+
+_views = itertools.count()
 
 
 def guest_bytes(qemu_img, img, tmp_path, fmt=None):
-    out = tmp_path / ("view-%d.raw" % len(os.listdir(tmp_path)))
+    """What the guest reads from img (qemu-img convert to raw), as a
+    Content: compare it with == to another image's."""
+    out = tmp_path / ("view-%d-%d.raw" % (os.getpid(), next(_views)))
     args = [qemu_img, "convert", "-U", "-O", "raw"]
     if fmt:
         args += ["-f", fmt]
     sh(*args, img, out)
-    with open(out, "rb") as f:
-        data = f.read()
-    os.unlink(out)
-    return data
+    return Content(out)
+
+
+CHUNK = 4 << 20
+
+
+class Content:
+    """The bytes of a file that is kept (and removed with this object):
+    two Contents compare equal exactly when their files hold the same
+    bytes. The files are compared in chunks through two reused buffers:
+    on the test machines, allocating (faulting in) a fresh 64 MiB buffer
+    per view cost more than the qemu-img runs around it."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.size = os.path.getsize(self.path)
+
+    def __eq__(self, other):
+        if not isinstance(other, Content):
+            return NotImplemented
+        return same_file(self.path, other.path)
+
+    def __ne__(self, other):
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    __hash__ = None
+
+    def __repr__(self):
+        return "<Content of %s, %d bytes>" % (self.path, self.size)
+
+    def __del__(self):
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+
+
+_bufs = []
+
+
+def same_file(a, b):
+    """True when the files a and b hold the same bytes (read in chunks)."""
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        if os.fstat(fa.fileno()).st_size != os.fstat(fb.fileno()).st_size:
+            return False
+        if not _bufs:
+            _bufs.extend(bytearray(CHUNK) for _ in range(2))
+        ba, bb = _bufs
+        va, vb = memoryview(ba), memoryview(bb)
+        while True:
+            na, nb = fa.readinto(ba), fb.readinto(bb)
+            if na != nb or va[:na] != vb[:nb]:
+                return False
+            if na == 0:
+                return True
 
 
 def layout(qemu_img, img, file_holes=False):

@@ -5,8 +5,9 @@ qemu-img check on identical qcow2 images (v3 with a backing file and zero
 clusters, v3 without backing, v2)."""
 import pytest
 
-from ops_helpers import (check_ok, guest_bytes, info_lines, layout, qio,
-                         run_both, sh)
+from ops_helpers import (Content, check_ok, copy_sparse, guest_bytes,
+                         info_lines, layout, qio, run_both, same_file, sh,
+                         twin_copy)
 
 # Long (hundreds of qemu-img runs): the normal build runs it, the sanitizer
 # build skips it (`slow`) to keep `make check` short.
@@ -39,12 +40,31 @@ def build(qemu_img, d):
     sh(qemu_img, "create", "-q", "-f", "raw", "r.raw", "1M", cwd=d)
 
 
-def twin(qemu_img, tmp_path):
-    q, b = tmp_path / "q", tmp_path / "b"
-    for d in (q, b):
-        d.mkdir()
-        build(qemu_img, d)
-    return q, b
+@pytest.fixture
+def images(qemu_img, prebuilt):
+    """The directory in which build() made the images, once per worker:
+    tests copy the files they need (twin) and never touch these."""
+    return prebuilt("amend", lambda d: build(qemu_img, d))
+
+
+# the images with the files they need beside them
+CHAINS = {"a.qcow2": ["a.qcow2", "base.qcow2"]}
+_pristine = {}
+
+
+def twin(images, tmp_path, img=None):
+    """q/ (for qemu-img) and b/ (for blkimg): copies of img and its backing
+    file, or (img None) of every image."""
+    return twin_copy(images, tmp_path,
+                     None if img is None else CHAINS.get(img, [img]))
+
+
+def pristine_bytes(qemu_img, images, img, tmp_path):
+    """What the guest reads from img as build() made it (read once)."""
+    key = (str(images), img)
+    if key not in _pristine:
+        _pristine[key] = guest_bytes(qemu_img, images / img, tmp_path)
+    return _pristine[key]
 
 
 IMAGES = ["a.qcow2", "n.qcow2", "v2.qcow2", "lazy.qcow2"]
@@ -96,9 +116,10 @@ def _ids(c):
 
 
 def _compare(qemu_img, q, b, img, tmp_path):
+    """Returns what the guest reads from blkimg's image."""
     assert info_lines(qemu_img, b / img) == info_lines(qemu_img, q / img)
-    assert guest_bytes(qemu_img, b / img, tmp_path) == \
-        guest_bytes(qemu_img, q / img, tmp_path)
+    view = guest_bytes(qemu_img, b / img, tmp_path)
+    assert view == guest_bytes(qemu_img, q / img, tmp_path)
     assert layout(qemu_img, b / img) == layout(qemu_img, q / img)
     rc, out = check_ok(qemu_img, b / img)
     assert rc == 0, out
@@ -107,19 +128,20 @@ def _compare(qemu_img, q, b, img, tmp_path):
         hq = f.read(4096)
     with open(b / img, "rb") as f:
         assert f.read(4096) == hq
+    return view
 
 
 @pytest.mark.parametrize("img", IMAGES)
 @pytest.mark.parametrize("opts", OPTIONS, ids=_ids)
-def test_amend_matches_qemu(qemu_img, blkimg, tmp_path, opts, img):
-    q, b = twin(qemu_img, tmp_path)
-    before = guest_bytes(qemu_img, q / img, tmp_path)
+def test_amend_matches_qemu(qemu_img, blkimg, images, tmp_path, opts, img):
+    q, b = twin(images, tmp_path, img)
+    before = pristine_bytes(qemu_img, images, img, tmp_path)
     rq, rb = run_both(qemu_img, blkimg, ["amend"] + opts + [img], q, b)
     assert rb == rq
-    _compare(qemu_img, q, b, img, tmp_path)
+    view = _compare(qemu_img, q, b, img, tmp_path)
     # amend never changes what the guest reads (size changes aside)
     if not any(o.startswith("size=") for o in opts):
-        assert guest_bytes(qemu_img, b / img, tmp_path) == before
+        assert view == before
 
 
 @pytest.mark.parametrize("args", [
@@ -131,17 +153,17 @@ def test_amend_matches_qemu(qemu_img, blkimg, tmp_path, opts, img):
     ["amend", "-o", "compat=1.1"],
     ["amend", "a.qcow2"],
 ], ids=_ids)
-def test_amend_errors_match_qemu(qemu_img, blkimg, tmp_path, args):
-    q, b = twin(qemu_img, tmp_path)
+def test_amend_errors_match_qemu(qemu_img, blkimg, images, tmp_path, args):
+    q, b = twin(images, tmp_path)
     rq, rb = run_both(qemu_img, blkimg, args, q, b)
     assert rb == rq
     assert rq[0] != 0 or "help" in args
 
 
-def test_amend_round_trip(qemu_img, blkimg, tmp_path):
+def test_amend_round_trip(qemu_img, blkimg, images, tmp_path):
     """Down to 0.10 and back up with blkimg alone: same bytes as qemu-img
     doing the same, every step passes check."""
-    q, b = twin(qemu_img, tmp_path)
+    q, b = twin(images, tmp_path, "a.qcow2")
     for o in ("compat=0.10", "compat=1.1", "lazy_refcounts=on",
               "compat=0.10,lazy_refcounts=off", "compat=1.1"):
         rq, rb = run_both(qemu_img, blkimg, ["amend", "-o", o, "a.qcow2"],
@@ -153,15 +175,23 @@ def test_amend_round_trip(qemu_img, blkimg, tmp_path):
 # ---- refcount width changes, zero clusters in snapshots, v2 snapshots
 # without extra data
 
+import itertools  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
 import struct  # noqa: E402
 import subprocess  # noqa: E402
 
 
-def make(qemu_img, d, create, size, io, snaps=()):
+def make_base(qemu_img, d):
     sh(qemu_img, "create", "-q", "-f", "qcow2", "base.qcow2", "64M", cwd=d)
     qio("base.qcow2", "write -P 9 0 64M", cwd=d)
+
+
+def make(qemu_img, d, base, create, size, io, snaps=()):
+    """i.qcow2 in d; base.qcow2 (64M of 0x09, copied from the directory
+    base) beside it when i.qcow2 is created with a backing file."""
+    if "-b" in create:
+        copy_sparse(base / "base.qcow2", d / "base.qcow2")
     sh(qemu_img, "create", "-q", "-f", "qcow2", *create, "i.qcow2", size,
        cwd=d)
     for c in io:
@@ -172,12 +202,21 @@ def make(qemu_img, d, create, size, io, snaps=()):
             qio("i.qcow2", c, cwd=d)
 
 
-def twin2(qemu_img, tmp_path, *a, **kw):
-    q, b = tmp_path / "q", tmp_path / "b"
-    q.mkdir()
-    make(qemu_img, q, *a, **kw)
-    shutil.copytree(q, b)  # snapshot dates the same
-    return q, b
+@pytest.fixture
+def twin2(qemu_img, prebuilt, tmp_path):
+    """twin2(create, size, io, snaps) -> (q, b): make()'s images built once
+    and copied (the snapshot dates the same)."""
+    base = prebuilt("amend-base", lambda d: make_base(qemu_img, d))
+
+    def twin2_(*a, **kw):
+        src = tmp_path / "src"
+        src.mkdir()
+        make(qemu_img, src, base, *a, **kw)
+        return twin_copy(src, tmp_path)
+    return twin2_
+
+
+_snap_views = itertools.count()
 
 
 def snapshot_views(qemu_img, d, tmp_path):
@@ -188,11 +227,10 @@ def snapshot_views(qemu_img, d, tmp_path):
     names = [l.split()[1] for l in cp.stdout.splitlines()[2:]]
     out = {}
     for name in names:
+        raw = tmp_path / ("s-%d.raw" % next(_snap_views))
         sh(qemu_img, "convert", "-l", "snapshot.name=" + name, "-O", "raw",
-           "i.qcow2", "s.raw", cwd=d)
-        with open(d / "s.raw", "rb") as f:
-            out[name] = f.read()
-        os.unlink(d / "s.raw")
+           "i.qcow2", raw, cwd=d)
+        out[name] = Content(raw)
         shutil.copy(d / "i.qcow2", d / "a.qcow2")
         sh(qemu_img, "snapshot", "-a", name, "a.qcow2", cwd=d)
         rc, msg = check_ok(qemu_img, d / "a.qcow2")
@@ -235,17 +273,14 @@ REFCOUNT_CASES = [
 
 @pytest.mark.parametrize("case", REFCOUNT_CASES,
                          ids=lambda c: " ".join(c[0] + c[3]))
-def test_amend_refcount_bits(qemu_img, blkimg, tmp_path, case):
+def test_amend_refcount_bits(qemu_img, blkimg, tmp_path, twin2, case):
     create, io, snaps, args = case
     size = "1G" if "cluster_size=4k" in " ".join(create) else "64M"
-    q, b = twin2(qemu_img, tmp_path, create, size, io, snaps)
+    q, b = twin2(create, size, io, snaps)
     rq, rb = run_both(qemu_img, blkimg, ["amend"] + args + ["i.qcow2"], q, b)
     assert rb == rq
     # the same image, byte for byte
-    with open(q / "i.qcow2", "rb") as f:
-        iq = f.read()
-    with open(b / "i.qcow2", "rb") as f:
-        assert f.read() == iq
+    assert same_file(q / "i.qcow2", b / "i.qcow2")
     rc, out = check_ok(qemu_img, b / "i.qcow2")
     assert rc == 0, out
     assert info_lines(qemu_img, b / "i.qcow2") == \
@@ -269,12 +304,12 @@ SHARED_SNAPS = [("s1", ["write -P 2 1M 1M", "write -z 0 64k",
 @pytest.mark.parametrize("backed", [False, True], ids=["plain", "backed"])
 @pytest.mark.parametrize("progress", [False, True], ids=["", "-p"])
 def test_amend_downgrade_zero_clusters_in_snapshots(qemu_img, blkimg,
-                                                    tmp_path, backed,
+                                                    tmp_path, twin2, backed,
                                                     progress, shared):
     """compat=0.10 expands the zero clusters of every snapshot too; every
     snapshot reads the same afterwards."""
     create = ["-b", "base.qcow2", "-F", "qcow2"] if backed else []
-    q, b = twin2(qemu_img, tmp_path, create, "64M", ZERO_SNAP_IO,
+    q, b = twin2(create, "64M", ZERO_SNAP_IO,
                  SHARED_SNAPS if shared else ZERO_SNAPS)
     before = snapshot_views(qemu_img, b, tmp_path)
     active = guest_bytes(qemu_img, b / "i.qcow2", tmp_path)
@@ -326,10 +361,10 @@ def strip_snapshot_extra(path):
                                   ["-o", "compat=1.1,refcount_bits=8"]],
                          ids=_ids)
 def test_amend_upgrade_snapshots_without_extra(qemu_img, blkimg, tmp_path,
-                                               args):
+                                               twin2, args):
     """compat=1.1 on a v2 image whose snapshots lack the v3 extra data:
     the snapshot table is written anew, as qemu-img does."""
-    q, b = twin2(qemu_img, tmp_path, ["-o", "compat=0.10"], "64M",
+    q, b = twin2(["-o", "compat=0.10"], "64M",
                  ["write -P 1 0 2M"],
                  [("s1", ["write -P 2 1M 2M"]),
                   ("snap-two", ["write -P 3 0 64k"])])
