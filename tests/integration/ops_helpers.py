@@ -5,10 +5,12 @@ fixture in tests/conftest.py) and copied into two directories, one per
 tool, and the views of an image that must come out the same (guest bytes,
 allocation map without host offsets, qemu-img check)."""
 import errno
+import fcntl
 import itertools
 import json
 import os
 import shutil
+import struct
 import subprocess
 
 from test_convert_helpers import run2
@@ -30,29 +32,86 @@ def qio(img, *cmds, fmt=None, cwd=None):
     sh(*args, img, cwd=cwd)
 
 
+CHUNK = 4 << 20
+
+
+FS_IOC_FIEMAP = 0xC020660B
+FIEMAP_EXTENT_LAST = 0x1
+_FIEMAP_HEAD = struct.Struct("=QQIIII")
+_FIEMAP_EXTENT = struct.Struct("=QQQQQI12x")
+
+
+def allocated(fd):
+    """The allocated ranges (offset, end) of the open file fd: its extents
+    as FIEMAP lists them, written, unwritten (fallocated) or not yet
+    written back alike. None when the file system has no FIEMAP."""
+    out, start, count = [], 0, 256
+    while True:
+        req = bytearray(_FIEMAP_HEAD.size + count * _FIEMAP_EXTENT.size)
+        _FIEMAP_HEAD.pack_into(req, 0, start, (1 << 64) - 1 - start, 0, 0,
+                               count, 0)
+        try:
+            fcntl.ioctl(fd, FS_IOC_FIEMAP, req)
+        except OSError as e:
+            if e.errno in (errno.ENOTTY, errno.EOPNOTSUPP, errno.EINVAL):
+                return None
+            raise
+        n = _FIEMAP_HEAD.unpack_from(req, 0)[3]
+        if n == 0:
+            return out
+        for k in range(n):
+            log, _, length, _, _, flags = _FIEMAP_EXTENT.unpack_from(
+                req, _FIEMAP_HEAD.size + k * _FIEMAP_EXTENT.size)
+            if out and out[-1][1] >= log:
+                out[-1] = (out[-1][0], max(out[-1][1], log + length))
+            else:
+                out.append((log, log + length))
+            if flags & FIEMAP_EXTENT_LAST:
+                return out
+        start = out[-1][1]
+
+
+def seek_data(fd):
+    """The data ranges (offset, end) of fd as SEEK_DATA/SEEK_HOLE see
+    them."""
+    out, pos = [], 0
+    size = os.fstat(fd).st_size
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno != errno.ENXIO:
+                raise
+            break
+        pos = os.lseek(fd, start, os.SEEK_HOLE)
+        out.append((start, pos))
+    return out
+
+
+CHUNK = 4 << 20
+
+
 def copy_sparse(src, dst):
-    """Copies the file src to dst with the same allocation as SEEK_DATA /
-    SEEK_HOLE report it (what qemu-img map sees): the holes stay holes,
-    the data extents (zeroes in them included) are written."""
+    """Copies the file src to dst with the same allocation: the holes stay
+    holes, whatever has blocks is written (zeroes too). Unwritten
+    (fallocated) extents become written zeroes: SEEK_DATA, and with it
+    qemu-img map, shows them as holes or as data depending on whether
+    their pages are cached, which a copy should not depend on."""
     with open(src, "rb") as fi, open(dst, "wb") as fo:
         i, o = fi.fileno(), fo.fileno()
         size = os.fstat(i).st_size
-        pos = 0
-        while pos < size:
-            try:
-                start = os.lseek(i, pos, os.SEEK_DATA)
-            except OSError as e:
-                if e.errno != errno.ENXIO:
-                    raise
-                break
-            stop = os.lseek(i, start, os.SEEK_HOLE)
-            off = start
+        ranges = allocated(i)
+        if ranges is None:
+            ranges = seek_data(i)
+        for start, stop in ranges:
+            off, stop = start, min(stop, size)
             while off < stop:
-                n = os.copy_file_range(i, o, stop - off, off, off)
+                n = os.preadv(i, [_buf(0)[:min(CHUNK, stop - off)]], off)
                 if n <= 0:
                     raise OSError(errno.EIO, "short copy of %s" % src)
+                if os.pwrite(o, _buf(0)[:n], off) != n:
+                    raise OSError(errno.EIO, "short copy to %s" % dst)
                 off += n
-            pos = stop
         fo.truncate(size)
 
 
@@ -65,11 +124,29 @@ def copy_images(src, dst, names=None):
     return dst
 
 
+_copied_from = {}
+
+
 def twin_copy(src, tmp_path, names=None):
     """Two copies of the images of src (built once): returns (q, b), the
     directory qemu-img works in and the one blkimg works in."""
-    return (copy_images(src, tmp_path / "q", names),
-            copy_images(src, tmp_path / "b", names))
+    q = copy_images(src, tmp_path / "q", names)
+    b = copy_images(src, tmp_path / "b", names)
+    _copied_from[str(q)] = _copied_from[str(b)] = src
+    return q, b
+
+
+_pristine = {}
+
+
+def pristine_view(qemu_img, img, tmp_path):
+    """guest_bytes() of img, a fresh copy made by twin_copy, before any
+    test touched it: read once per built image (from the image it was
+    copied from, which no test modifies)."""
+    src = _copied_from[str(img.parent)] / img.name
+    if str(src) not in _pristine:
+        _pristine[str(src)] = guest_bytes(qemu_img, src, tmp_path)
+    return _pristine[str(src)]
 
 
 def twin_dirs(tmp_path, build):
@@ -94,9 +171,6 @@ def guest_bytes(qemu_img, img, tmp_path, fmt=None):
         args += ["-f", fmt]
     sh(*args, img, out)
     return Content(out)
-
-
-CHUNK = 4 << 20
 
 
 class Content:
@@ -134,17 +208,21 @@ class Content:
 _bufs = []
 
 
+def _buf(i):
+    """Reused CHUNK-sized buffer i (0 or 1), as a memoryview."""
+    if not _bufs:
+        _bufs.extend(memoryview(bytearray(CHUNK)) for _ in range(2))
+    return _bufs[i]
+
+
 def same_file(a, b):
     """True when the files a and b hold the same bytes (read in chunks)."""
     with open(a, "rb") as fa, open(b, "rb") as fb:
         if os.fstat(fa.fileno()).st_size != os.fstat(fb.fileno()).st_size:
             return False
-        if not _bufs:
-            _bufs.extend(bytearray(CHUNK) for _ in range(2))
-        ba, bb = _bufs
-        va, vb = memoryview(ba), memoryview(bb)
+        va, vb = _buf(0), _buf(1)
         while True:
-            na, nb = fa.readinto(ba), fb.readinto(bb)
+            na, nb = fa.readinto(va), fb.readinto(vb)
             if na != nb or va[:na] != vb[:nb]:
                 return False
             if na == 0:

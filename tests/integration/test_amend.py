@@ -6,8 +6,8 @@ clusters, v3 without backing, v2)."""
 import pytest
 
 from ops_helpers import (Content, check_ok, copy_sparse, guest_bytes,
-                         info_lines, layout, qio, run_both, same_file, sh,
-                         twin_copy)
+                         info_lines, layout, pristine_view, qio, run_both,
+                         same_file, sh, twin_copy)
 
 # Long (hundreds of qemu-img runs): the normal build runs it, the sanitizer
 # build skips it (`slow`) to keep `make check` short.
@@ -49,7 +49,6 @@ def images(qemu_img, prebuilt):
 
 # the images with the files they need beside them
 CHAINS = {"a.qcow2": ["a.qcow2", "base.qcow2"]}
-_pristine = {}
 
 
 def twin(images, tmp_path, img=None):
@@ -57,14 +56,6 @@ def twin(images, tmp_path, img=None):
     file, or (img None) of every image."""
     return twin_copy(images, tmp_path,
                      None if img is None else CHAINS.get(img, [img]))
-
-
-def pristine_bytes(qemu_img, images, img, tmp_path):
-    """What the guest reads from img as build() made it (read once)."""
-    key = (str(images), img)
-    if key not in _pristine:
-        _pristine[key] = guest_bytes(qemu_img, images / img, tmp_path)
-    return _pristine[key]
 
 
 IMAGES = ["a.qcow2", "n.qcow2", "v2.qcow2", "lazy.qcow2"]
@@ -135,7 +126,7 @@ def _compare(qemu_img, q, b, img, tmp_path):
 @pytest.mark.parametrize("opts", OPTIONS, ids=_ids)
 def test_amend_matches_qemu(qemu_img, blkimg, images, tmp_path, opts, img):
     q, b = twin(images, tmp_path, img)
-    before = pristine_bytes(qemu_img, images, img, tmp_path)
+    before = pristine_view(qemu_img, q / img, tmp_path)
     rq, rb = run_both(qemu_img, blkimg, ["amend"] + opts + [img], q, b)
     assert rb == rq
     view = _compare(qemu_img, q, b, img, tmp_path)

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from ops_helpers import (check_ok, guest_bytes, info_lines, layout, qio,
-                         run_both, sh)
+                         pristine_view, run_both, sh, twin_copy)
 
 pytestmark = pytest.mark.qemu
 
@@ -34,12 +34,15 @@ def build(qemu_img, d, base_fmt="qcow2"):
     sh(qemu_img, "create", "-q", "-f", "raw", "plain.raw", "1M", cwd=d)
 
 
-def twin(qemu_img, tmp_path, base_fmt="qcow2"):
-    q, b = tmp_path / "q", tmp_path / "b"
-    for d in (q, b):
-        d.mkdir()
-        build(qemu_img, d, base_fmt)
-    return q, b
+@pytest.fixture
+def twin(qemu_img, prebuilt, tmp_path):
+    """twin(base_fmt="qcow2") -> (q, b): build()'s chain, built once per
+    worker, copied for qemu-img (q/) and for blkimg (b/)."""
+    def twin_(base_fmt="qcow2"):
+        src = prebuilt(("commit", base_fmt),
+                       lambda d: build(qemu_img, d, base_fmt))
+        return twin_copy(src, tmp_path)
+    return twin_
 
 
 CASES = [
@@ -91,9 +94,9 @@ def progress_ok(out):
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: " ".join(c) or "none")
-def test_commit_matches_qemu(qemu_img, blkimg, tmp_path, case):
-    q, b = twin(qemu_img, tmp_path)
-    before = guest_bytes(qemu_img, q / "top.qcow2", tmp_path)
+def test_commit_matches_qemu(qemu_img, blkimg, tmp_path, twin, case):
+    q, b = twin()
+    before = pristine_view(qemu_img, q / "top.qcow2", tmp_path)
     rq, rb = run_both(qemu_img, blkimg, ["commit"] + case, q, b)
     if "-p" in case:
         assert rb[0] == rq[0] == 0 and rb[2] == rq[2] == ""
@@ -104,10 +107,10 @@ def test_commit_matches_qemu(qemu_img, blkimg, tmp_path, case):
     assert guest_bytes(qemu_img, b / "top.qcow2", tmp_path) == before
 
 
-def test_commit_empties_top(qemu_img, blkimg, tmp_path):
+def test_commit_empties_top(qemu_img, blkimg, tmp_path, twin):
     """Without -d the top keeps no cluster (unallocated, not zero: the
     backing shows through) and its file data is freed."""
-    q, b = twin(qemu_img, tmp_path)
+    q, b = twin()
     run_both(qemu_img, blkimg, ["commit", "top.qcow2"], q, b)
     lay = layout(qemu_img, b / "top.qcow2")
     assert all(e["depth"] > 0 or not e["present"] for e in lay), lay
@@ -115,8 +118,8 @@ def test_commit_empties_top(qemu_img, blkimg, tmp_path):
     assert cp[0] == 0 and "leaked" not in cp[1]
 
 
-def test_commit_into_raw_base(qemu_img, blkimg, tmp_path):
-    q, b = twin(qemu_img, tmp_path, base_fmt="raw")
+def test_commit_into_raw_base(qemu_img, blkimg, tmp_path, twin):
+    q, b = twin(base_fmt="raw")
     rq, rb = run_both(qemu_img, blkimg, ["commit", "-b", "base.raw",
                                          "top.qcow2"], q, b)
     assert rb == rq
@@ -126,10 +129,10 @@ def test_commit_into_raw_base(qemu_img, blkimg, tmp_path):
     compare_chain(qemu_img, q, b, tmp_path, ("top.qcow2", "mid.qcow2"))
 
 
-def test_commit_with_snapshot_in_top(qemu_img, blkimg, tmp_path):
+def test_commit_with_snapshot_in_top(qemu_img, blkimg, tmp_path, twin):
     """A top with an internal snapshot: its clusters are shared, emptying
     the active table must leave the snapshot intact."""
-    q, b = twin(qemu_img, tmp_path)
+    q, b = twin()
     for d in (q, b):
         sh(qemu_img, "snapshot", "-c", "s1", "top.qcow2", cwd=d)
         qio("top.qcow2", "write -P 6 0 64k", cwd=d)
@@ -184,12 +187,23 @@ def build_big(qemu_img, d, depth=1, base_opts=(), top_opts=(), size=64,
     return names[::-1]
 
 
-def big_twin(qemu_img, tmp_path, **kw):
-    q, b = tmp_path / "q", tmp_path / "b"
-    for d in (q, b):
-        d.mkdir()
-        names = build_big(qemu_img, d, **kw)
-    return q, b, names
+@pytest.fixture
+def big_twin(qemu_img, prebuilt, tmp_path):
+    """big_twin(**build_big arguments) -> (q, b, names): the chain built
+    once per worker and set of arguments, copied for each tool."""
+    def big_twin_(**kw):
+        built = {}
+
+        def build(d):
+            built[d] = build_big(qemu_img, d, **kw)
+        src = prebuilt(("commit-big",) + tuple(sorted(kw.items())), build)
+        _chains.update(built)
+        q, b = twin_copy(src, tmp_path)
+        return q, b, _chains[src]
+    return big_twin_
+
+
+_chains = {}  # built directory -> its chain, top first
 
 
 BIG_CASES = [
@@ -214,14 +228,14 @@ BIG_CASES = [
                          ids=lambda c: " ".join(c) if isinstance(c, (list,
                                                                      tuple))
                          else str(c))
-def test_commit_many_extents(qemu_img, blkimg, tmp_path, depth, opts,
-                             base_opts, top_opts):
+def test_commit_many_extents(qemu_img, blkimg, tmp_path, big_twin, depth,
+                             opts, base_opts, top_opts):
     """Chains with hundreds of extents of data, zeroes and discards at
     unaligned offsets, clusters from 512 bytes to 2 MiB: the images after
     the commit read, map and check as qemu-img leaves them."""
-    q, b, names = big_twin(qemu_img, tmp_path, depth=depth,
-                           base_opts=base_opts, top_opts=top_opts)
-    views = [guest_bytes(qemu_img, q / n, tmp_path) for n in names]
+    q, b, names = big_twin(depth=depth, base_opts=base_opts,
+                           top_opts=top_opts)
+    before = pristine_view(qemu_img, q / names[0], tmp_path)
     rq, rb = run_both(qemu_img, blkimg, ["commit"] + opts + [names[0]], q, b)
     if "-p" in opts:
         assert rb[0] == rq[0] == 0 and rb[2] == rq[2] == ""
@@ -233,20 +247,20 @@ def test_commit_many_extents(qemu_img, blkimg, tmp_path, depth, opts,
         assert rb == rq
     compare_chain(qemu_img, q, b, tmp_path, names)
     # every image above the base that stays keeps its view
-    assert guest_bytes(qemu_img, b / names[0], tmp_path) == views[0]
+    assert guest_bytes(qemu_img, b / names[0], tmp_path) == before
     base = opts[opts.index("-b") + 1] if "-b" in opts else names[1]
-    assert guest_bytes(qemu_img, b / base, tmp_path) == views[0]
+    assert guest_bytes(qemu_img, b / base, tmp_path) == before
     # the top's file: emptied (reset and truncated) or untouched alike;
     # where the base's clusters land depends on the order requests
     # complete in (QEMU's job has 16 in flight too)
     assert os.path.getsize(b / names[0]) == os.path.getsize(q / names[0])
 
 
-def test_commit_big_into_raw_base(qemu_img, blkimg, tmp_path):
+def test_commit_big_into_raw_base(qemu_img, blkimg, tmp_path, big_twin):
     """A raw base: the base file's allocation (what qemu-img map shows)
     comes out as qemu-img's commit job leaves it (64 KiB granules, zeroes
     punched)."""
-    q, b, names = big_twin(qemu_img, tmp_path, base_fmt="raw",
+    q, b, names = big_twin(base_fmt="raw",
                            top_opts=("-o", "cluster_size=4096"))
     rq, rb = run_both(qemu_img, blkimg, ["commit", "-t", "none", names[0]],
                       q, b)
@@ -278,12 +292,13 @@ def test_commit_big_into_raw_base(qemu_img, blkimg, tmp_path):
     ("-o", "lazy_refcounts=on"),
     ("-o", "refcount_bits=1"),
 ], ids=lambda o: " ".join(o) or "default")
-def test_commit_top_emptied_as_qemu(qemu_img, blkimg, tmp_path, top_opts):
+def test_commit_top_emptied_as_qemu(qemu_img, blkimg, tmp_path, big_twin,
+                                    top_opts):
     """qcow2 v3 tops are reset and truncated to header, refcount table,
     refcount block and L1 table (QEMU's make_completely_empty): the same
     bytes as qemu-img leaves. v2 tops keep their size with every cluster
     discarded (their data freed in the file)."""
-    q, b, names = big_twin(qemu_img, tmp_path, top_opts=top_opts)
+    q, b, names = big_twin(top_opts=top_opts)
     rq, rb = run_both(qemu_img, blkimg, ["commit", names[0]], q, b)
     assert rb == rq and rq[0] == 0
     top = names[0]
@@ -302,10 +317,11 @@ def test_commit_top_emptied_as_qemu(qemu_img, blkimg, tmp_path, top_opts):
     assert os.stat(b / top).st_blocks <= os.stat(q / top).st_blocks + 64
 
 
-def test_commit_top_with_bitmap_not_truncated(qemu_img, blkimg, tmp_path):
+def test_commit_top_with_bitmap_not_truncated(qemu_img, blkimg, tmp_path,
+                                              big_twin):
     """A persistent bitmap in the top: QEMU discards instead of resetting
     the file (the bitmap's clusters stay)."""
-    q, b, names = big_twin(qemu_img, tmp_path)
+    q, b, names = big_twin()
     for d in (q, b):
         sh(qemu_img, "bitmap", "--add", names[0], "bm0", cwd=d)
     rq, rb = run_both(qemu_img, blkimg, ["commit", names[0]], q, b)

@@ -8,12 +8,21 @@ import time
 
 import pytest
 
-from ops_helpers import (check_ok, guest_bytes, info_lines, layout, qio,
-                         run_both, sh, twin_dirs)
+from ops_helpers import (check_ok, guest_bytes, info_lines, layout,
+                         pristine_view, qio, run_both, sh, twin_copy)
 
 pytestmark = pytest.mark.qemu
 
 MiB = 1024 * 1024
+
+
+@pytest.fixture
+def twin(prebuilt, tmp_path):
+    """twin(key, build) -> (q, b): the images build(dir) makes, built once
+    per worker and key, copied for qemu-img (q/) and for blkimg (b/)."""
+    def twin_(key, build):
+        return twin_copy(prebuilt(("rebase",) + key, build), tmp_path)
+    return twin_
 
 
 def build_chain(qemu_img):
@@ -71,9 +80,9 @@ CASES = [
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: " ".join(c) or "none")
-def test_rebase_matches_qemu(qemu_img, blkimg, tmp_path, case):
-    q, b = twin_dirs(tmp_path, build_chain(qemu_img))
-    before = guest_bytes(qemu_img, q / "top.qcow2", tmp_path)
+def test_rebase_matches_qemu(qemu_img, blkimg, tmp_path, twin, case):
+    q, b = twin(("chain",), build_chain(qemu_img))
+    before = pristine_view(qemu_img, q / "top.qcow2", tmp_path)
     rq, rb = run_both(qemu_img, blkimg, ["rebase"] + case, q, b)
     assert rb == rq
     top = "plain.raw" if "plain.raw" in case else "top.qcow2"
@@ -105,8 +114,8 @@ def test_rebase_matches_qemu(qemu_img, blkimg, tmp_path, case):
         assert hb == hq
 
 
-def test_rebase_real_stack_output(blkimg, qemu_img, tmp_path):
-    q, b = twin_dirs(tmp_path, build_chain(qemu_img))
+def test_rebase_real_stack_output(blkimg, qemu_img, tmp_path, twin):
+    q, b = twin(("chain",), build_chain(qemu_img))
     rq, rb = run_both(qemu_img, blkimg,
                       ["rebase", "-p", "-u", "-F", "raw", "-b", "new.raw",
                        "top.qcow2"], q, b)
@@ -114,10 +123,10 @@ def test_rebase_real_stack_output(blkimg, qemu_img, tmp_path):
     assert rb == rq
 
 
-def test_rebase_relative_to_image_dir(blkimg, qemu_img, tmp_path):
+def test_rebase_relative_to_image_dir(blkimg, qemu_img, tmp_path, twin):
     """-b names a file relative to the image, not to the working
     directory."""
-    q, b = twin_dirs(tmp_path, build_chain(qemu_img))
+    q, b = twin(("chain",), build_chain(qemu_img))
     rq = run_both(qemu_img, blkimg, ["rebase", "-b", "new.raw", "-F", "raw",
                                      "q/top.qcow2"], tmp_path, tmp_path)[0]
     rb = run_both(qemu_img, blkimg, ["rebase", "-b", "new.raw", "-F", "raw",
@@ -129,13 +138,13 @@ def test_rebase_relative_to_image_dir(blkimg, qemu_img, tmp_path):
         info_lines(qemu_img, q / "top.qcow2")
 
 
-def test_rebase_header_full(blkimg, qemu_img, tmp_path):
+def test_rebase_header_full(blkimg, qemu_img, tmp_path, twin):
     """A backing name that does not fit in the header cluster: -ENOSPC
     message, image unchanged."""
     def build(d):
         sh(qemu_img, "create", "-q", "-f", "qcow2", "-o", "cluster_size=512",
            "t.qcow2", "1M", cwd=d)
-    q, b = twin_dirs(tmp_path, build)
+    q, b = twin(("header-full",), build)
     name = "n" * 1000
     rq, rb = run_both(qemu_img, blkimg,
                       ["rebase", "-u", "-F", "raw", "-b", name, "t.qcow2"],
@@ -211,12 +220,13 @@ BIG_CASES = [
 @pytest.mark.parametrize("case", BIG_CASES, ids=lambda c: " ".join(c))
 @pytest.mark.parametrize("top_opts", [(), ("-o", "cluster_size=4096")],
                          ids=lambda o: " ".join(o) or "64k")
-def test_rebase_many_extents(qemu_img, blkimg, tmp_path, case, top_opts):
+def test_rebase_many_extents(qemu_img, blkimg, tmp_path, twin, case,
+                             top_opts):
     """Chains of depth 3 with many extents: the same output (progress
     lines byte for byte), guest bytes, allocation and check results as
     qemu-img."""
-    q, b = twin_dirs(tmp_path, build_big(qemu_img, top_opts=top_opts))
-    before = guest_bytes(qemu_img, q / "top.qcow2", tmp_path)
+    q, b = twin(("big", top_opts), build_big(qemu_img, top_opts=top_opts))
+    before = pristine_view(qemu_img, q / "top.qcow2", tmp_path)
     rq, rb = run_both(qemu_img, blkimg, ["rebase"] + case + ["top.qcow2"],
                       q, b)
     assert rb == rq
