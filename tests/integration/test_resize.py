@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from ops_helpers import layout
+from ops_helpers import copy_sparse, layout, same_file, twin_copy
 from test_convert_helpers import MiB, blocks, data_map, make_raw, read, run2
 
 # Long (hundreds of qemu-img runs): the normal build runs it, the sanitizer
@@ -59,7 +59,7 @@ def same_bytes(qemu_img, a, b):
     """Byte equality; large sparse files through qemu-img compare, which
     skips holes instead of reading gigabytes of zeroes."""
     if os.path.getsize(a) <= 64 * MiB:
-        return read(a) == read(b)
+        return same_file(a, b)
     cp = subprocess.run([qemu_img, "compare", "-q", "-f", "raw", "-F", "raw",
                          str(a), str(b)])
     return cp.returncode == 0
@@ -89,7 +89,8 @@ def test_resize_real_stack(qemu_img, blkimg, tmp_path):
     assert run2(blkimg, ["resize", "-f", "raw", img, "2G"]) == \
         (0, b"Image resized.\n", "")
     assert os.path.getsize(img) == 2 << 30
-    assert read(img)[:4096] == b"\x5a" * 4096
+    with open(img, "rb") as f:
+        assert f.read(4096) == b"\x5a" * 4096
 
 
 @pytest.mark.parametrize("case", ["IMG 20M", "IMG +7M", "IMG -5M",
@@ -98,12 +99,13 @@ def test_resize_real_stack(qemu_img, blkimg, tmp_path):
                                   "--shrink -f qcow2 IMG 3000k",
                                   "-f qcow2 IMG 1T",
                                   "-f qcow2 IMG 0"])
-def test_resize_qcow2(qemu_img, blkimg, tmp_path, case):
-    base = tmp_path / "base.qcow2"
-    subprocess.run([qemu_img, "create", "-f", "qcow2", base, "10M"],
-                   check=True, capture_output=True)
-    subprocess.run(["qemu-io", "-c", "write -P 1 0 9M", base], check=True,
-                   capture_output=True)
+def test_resize_qcow2(qemu_img, blkimg, prebuilt, tmp_path, case):
+    def build(d):
+        subprocess.run([qemu_img, "create", "-f", "qcow2", d / "base.qcow2",
+                        "10M"], check=True, capture_output=True)
+        subprocess.run(["qemu-io", "-c", "write -P 1 0 9M",
+                        d / "base.qcow2"], check=True, capture_output=True)
+    base = prebuilt("resize-qcow2", build) / "base.qcow2"
     q = tmp_path / "q.qcow2"
     b = tmp_path / "b.qcow2"
     shutil.copy(base, q)
@@ -131,16 +133,23 @@ def _sh(*cmd, cwd=None):
                    cwd=cwd)
 
 
-def _twin_qcow2(qemu_img, tmp_path, create, size, io, snaps=()):
-    """q.qcow2 and b.qcow2 (in q/ and b/), made the same way with qemu-img
-    and qemu-io; a base.qcow2 (64M of 0x09) beside them for backing."""
-    out = []
-    for d in ("q", "b"):
-        dd = tmp_path / d
+def _make_base(qemu_img, d):
+    _sh(qemu_img, "create", "-q", "-f", "qcow2", "base.qcow2", "64M", cwd=d)
+    _sh(QIO, "-c", "write -P 9 0 64M", "base.qcow2", cwd=d)
+
+
+@pytest.fixture
+def twin_qcow2(qemu_img, prebuilt, tmp_path):
+    """twin_qcow2(create, size, io, snaps=()) -> (q, b): img.qcow2 made with
+    qemu-img and qemu-io once, copied into q/ and b/; with a backing file
+    (-b in create), base.qcow2 (64M of 0x09, built once per worker)
+    beside it."""
+    def twin_(create, size, io, snaps=()):
+        dd = tmp_path / "src"
         dd.mkdir()
-        _sh(qemu_img, "create", "-q", "-f", "qcow2", "base.qcow2", "64M",
-            cwd=dd)
-        _sh(QIO, "-c", "write -P 9 0 64M", "base.qcow2", cwd=dd)
+        if "-b" in create:
+            base = prebuilt("resize-base", lambda d: _make_base(qemu_img, d))
+            copy_sparse(base / "base.qcow2", dd / "base.qcow2")
         _sh(qemu_img, "create", "-q", "-f", "qcow2", *create, "img.qcow2",
             size, cwd=dd)
         for c in io:
@@ -149,8 +158,8 @@ def _twin_qcow2(qemu_img, tmp_path, create, size, io, snaps=()):
             _sh(qemu_img, "snapshot", "-c", name, "img.qcow2", cwd=dd)
             for c in cmds:
                 _sh(QIO, "-c", c, "img.qcow2", cwd=dd)
-        out.append(dd)
-    return out
+        return twin_copy(dd, tmp_path)
+    return twin_
 
 
 def _qmap(qemu_img, img):
@@ -177,12 +186,8 @@ def _resize_both(qemu_img, blkimg, q, b, args):
 
 
 def _header_cluster_same(q, b):
-    """Whole image files equal but for the data file's name."""
-    with open(q / "img.qcow2", "rb") as f:
-        dq = f.read()
-    with open(b / "img.qcow2", "rb") as f:
-        db = f.read()
-    return dq == db
+    """Whole image files equal."""
+    return same_file(q / "img.qcow2", b / "img.qcow2")
 
 
 PREALLOC_CASES = [
@@ -254,9 +259,9 @@ def _pid(c):
 
 
 @pytest.mark.parametrize("case", PREALLOC_CASES, ids=_pid)
-def test_resize_qcow2_prealloc(qemu_img, blkimg, tmp_path, case):
+def test_resize_qcow2_prealloc(qemu_img, blkimg, twin_qcow2, case):
     create, size, io, args = case
-    q, b = _twin_qcow2(qemu_img, tmp_path, create, size, io)
+    q, b = twin_qcow2(create, size, io)
     rq, rb = _resize_both(qemu_img, blkimg, q, b, args)
     assert rb == rq
     qi, bi = q / "img.qcow2", b / "img.qcow2"
@@ -288,17 +293,16 @@ def test_resize_qcow2_prealloc(qemu_img, blkimg, tmp_path, case):
                                   ["--preallocation=full", "30M"],
                                   ["--shrink", "5M"]], ids=" ".join)
 @pytest.mark.parametrize("raw", [False, True], ids=["data", "data-raw"])
-def test_resize_qcow2_data_file(qemu_img, blkimg, tmp_path, args, raw):
+def test_resize_qcow2_data_file(qemu_img, blkimg, twin_qcow2, args, raw):
     """External data file: mapped at the guest offsets, the data file grown
     (with the preallocation) or cut as qemu-img does."""
     opt = "data_file=img.data" + (",data_file_raw=on" if raw else "")
-    q, b = _twin_qcow2(qemu_img, tmp_path, ["-o", opt], "10M",
-                       ["write -P 1 0 9M"])
+    q, b = twin_qcow2(["-o", opt], "10M", ["write -P 1 0 9M"])
     rq, rb = _resize_both(qemu_img, blkimg, q, b, args)
     assert rb == rq == (0, b"Image resized.\n", "")
     for name in ("img.qcow2", "img.data"):
         assert os.path.getsize(b / name) == os.path.getsize(q / name)
-        assert read(b / name) == read(q / name)
+        assert same_file(b / name, q / name)
     assert data_map(b / "img.data") == data_map(q / "img.data")
     _check_clean(qemu_img, b / "img.qcow2")
     assert _qmap(qemu_img, b / "img.qcow2") == _qmap(qemu_img, q / "img.qcow2")
@@ -308,15 +312,14 @@ def test_resize_qcow2_data_file(qemu_img, blkimg, tmp_path, args, raw):
                                   ["--preallocation=falloc", "20M"],
                                   ["--preallocation=metadata", "20M"]],
                          ids=" ".join)
-def test_resize_qcow2_snapshots(qemu_img, blkimg, tmp_path, args):
+def test_resize_qcow2_snapshots(qemu_img, blkimg, twin_qcow2, args):
     """v3 images with internal snapshots resize (the snapshots keep their
     size and contents); v2 ones are refused as by qemu-img."""
     snaps = [("s1", ["write -P 2 4M 6M", "write -z 0 64k"])]
-    q, b = _twin_qcow2(qemu_img, tmp_path, [], "10M", ["write -P 1 0 9M"],
-                       snaps)
+    q, b = twin_qcow2([], "10M", ["write -P 1 0 9M"], snaps)
     rq, rb = _resize_both(qemu_img, blkimg, q, b, args)
     assert rb == rq == (0, b"Image resized.\n", "")
-    # (the snapshot tables differ in their dates)
+    # (built separately, the snapshot tables would differ in their dates)
     assert os.path.getsize(b / "img.qcow2") == os.path.getsize(q / "img.qcow2")
     assert _qmap(qemu_img, b / "img.qcow2") == _qmap(qemu_img, q / "img.qcow2")
     _check_clean(qemu_img, b / "img.qcow2")
@@ -333,9 +336,9 @@ def test_resize_qcow2_snapshots(qemu_img, blkimg, tmp_path, args):
     assert cp.stdout == "Images are identical.\n"
 
 
-def test_resize_qcow2_v2_snapshots_refused(qemu_img, blkimg, tmp_path):
-    q, b = _twin_qcow2(qemu_img, tmp_path, ["-o", "compat=0.10"], "10M",
-                       ["write -P 1 0 1M"], [("s1", [])])
+def test_resize_qcow2_v2_snapshots_refused(qemu_img, blkimg, twin_qcow2):
+    q, b = twin_qcow2(["-o", "compat=0.10"], "10M", ["write -P 1 0 1M"],
+                      [("s1", [])])
     rq, rb = _resize_both(qemu_img, blkimg, q, b, ["20M"])
     assert rb == rq
     assert rq[0] == 1 and "Can't resize a v2 image which has snapshots" in rq[2]
