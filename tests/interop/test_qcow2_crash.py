@@ -3,9 +3,11 @@
 leaves a qcow2 image in which neither qemu-img check nor blkimg check
 finds corruption (leaks are allowed), and data flushed before the kill
 reads back intact."""
+import concurrent.futures
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import time
@@ -15,11 +17,20 @@ import pytest
 pytestmark = pytest.mark.qemu
 
 
+def blank(qemu_img, tmp_path, opts):
+    """A new 64M qcow2 image with opts, made by qemu-img create once per
+    test and opts (the trials start from copies of it)."""
+    img = tmp_path / ("blank-%s.qcow2" % opts.replace(",", "-"))
+    if not img.exists():
+        subprocess.run([qemu_img, "create", "-q", "-f", "qcow2", "-o", opts,
+                        img, "64M"], check=True)
+    return img
+
+
 def trial(blkimg, blkimg_io, qemu_img, qemu_io, tmp_path, seed, opts):
     rnd = random.Random(seed)
     img = str(tmp_path / ("c%d.qcow2" % seed))
-    subprocess.run([qemu_img, "create", "-q", "-f", "qcow2", "-o", opts, img,
-                    "64M"], check=True)
+    shutil.copyfile(blank(qemu_img, tmp_path, opts), img)
     # flushed base data first, then a storm of allocating writes, zero
     # writes, discards and flushes
     cmds = ["write -P 17 0 1M", "flush", "write -P 18 1M 4k"]
@@ -79,23 +90,44 @@ def trial(blkimg, blkimg_io, qemu_img, qemu_io, tmp_path, seed, opts):
 
 TRIALS = int(os.environ.get("BLKIMG_CRASH_TRIALS", "24"))
 
+# Trials running at once: most of a trial is waiting (for the random
+# moment of the kill, for the checks), so two overlap well even on 2 CPUs.
+# (More would slow each writer down enough that fewer kills land late in
+# the storm.)
+PARALLEL = int(os.environ.get("BLKIMG_CRASH_PARALLEL", "2"))
+
+
+def run_trials(blkimg, blkimg_io, qemu_img, qemu_io, tmp_path, cases):
+    """Runs trial() for every (seed, opts) of cases, PARALLEL at a time
+    (each on its own image); the first failure fails the test."""
+    for opts in {o for _, o in cases}:
+        blank(qemu_img, tmp_path, opts)
+    with concurrent.futures.ThreadPoolExecutor(PARALLEL) as pool:
+        futures = [pool.submit(trial, blkimg, blkimg_io, qemu_img, qemu_io,
+                               tmp_path, seed, opts) for seed, opts in cases]
+        try:
+            for f in futures:
+                f.result()
+        finally:
+            for f in futures:
+                f.cancel()
+
 
 @pytest.mark.parametrize("opts", ["cluster_size=4k", "cluster_size=64k",
                                   "cluster_size=512,refcount_bits=64",
                                   "lazy_refcounts=on,cluster_size=4k"])
 def test_crash_trials(blkimg, blkimg_io, qemu_img, qemu_io, tmp_path, opts):
-    for seed in range(TRIALS // 4):
-        trial(blkimg, blkimg_io, qemu_img, qemu_io, tmp_path,
-              seed * 7 + len(opts), opts)
+    run_trials(blkimg, blkimg_io, qemu_img, qemu_io, tmp_path,
+               [(seed * 7 + len(opts), opts) for seed in range(TRIALS // 4)])
 
 
 @pytest.mark.slow
 def test_crash_trials_full(blkimg, blkimg_io, qemu_img, qemu_io, tmp_path):
     """The full suite's 200 trials."""
-    for seed in range(200):
-        opts = ["cluster_size=4k", "cluster_size=64k",
-                "cluster_size=512,refcount_bits=64",
-                "extended_l2=on,cluster_size=16k",
-                "lazy_refcounts=on,cluster_size=4k"][seed % 5]
-        trial(blkimg, blkimg_io, qemu_img, qemu_io, tmp_path, 1000 + seed,
-              opts)
+    opts = ["cluster_size=4k", "cluster_size=64k",
+            "cluster_size=512,refcount_bits=64",
+            "extended_l2=on,cluster_size=16k",
+            "lazy_refcounts=on,cluster_size=4k"]
+    cases = [(1000 + seed, opts[seed % 5]) for seed in range(200)]
+    assert len(cases) >= 200
+    run_trials(blkimg, blkimg_io, qemu_img, qemu_io, tmp_path, cases)
