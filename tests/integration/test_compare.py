@@ -2,10 +2,12 @@
 """blkimg compare against qemu-img 7.2: messages, mismatch offsets, exit
 codes, strict mode, size differences, progress, raw and qcow2."""
 import os
+import pathlib
 import subprocess
 
 import pytest
 
+from ops_helpers import copy_sparse
 from test_convert_helpers import MiB, make_raw, run2
 
 pytestmark = pytest.mark.qemu
@@ -17,8 +19,47 @@ def poke(path, off, data):
         f.write(data)
 
 
-@pytest.fixture
-def imgs(tmp_path):
+class Copies:
+    """{key: path} of image files built once per worker (see copies());
+    a test gets its own copy (allocation and all) of a file, in its
+    tmp_path, when it first looks it up."""
+
+    def __init__(self, built, tmp_path):
+        self.built = built
+        self.tmp_path = tmp_path
+        self.copied = {}
+
+    def __getitem__(self, k):
+        if k not in self.copied:
+            src = self.built[k]
+            dst = self.tmp_path / pathlib.Path(src).name
+            copy_sparse(src, dst)
+            self.copied[k] = str(dst)
+        return self.copied[k]
+
+    def __contains__(self, k):
+        return k in self.built
+
+    def get(self, k, default=None):
+        return self[k] if k in self.built else default
+
+
+def copies(prebuilt, key, build, tmp_path):
+    """build(dir) makes image files in dir and returns {key: path}: built
+    once per worker and key; returns the Copies of them for this test."""
+    built = {}
+
+    def build_(d):
+        built[str(d)] = build(d)
+    src = prebuilt(("compare", key), build_)
+    _sets.update(built)
+    return Copies(_sets[str(src)], tmp_path)
+
+
+_sets = {}
+
+
+def build_imgs(tmp_path):
     a = make_raw(tmp_path / "a.raw", size=16 * MiB, seed=5)
     b = tmp_path / "b.raw"       # same content, different allocation
     with open(a, "rb") as f, open(b, "wb") as g:
@@ -45,6 +86,11 @@ def imgs(tmp_path):
     return {"a": a, "b": str(b), "diff": str(diff), "hole": str(hole),
             "empty": str(empty), "bigger": str(bigger),
             "bigger_data": str(bigger_data), "q": str(q)}
+
+
+@pytest.fixture
+def imgs(prebuilt, tmp_path):
+    return copies(prebuilt, "imgs", build_imgs, tmp_path)
 
 
 CASES = [
@@ -129,12 +175,7 @@ def test_compare_qcow2_to_converted(qemu_img, blkimg, tmp_path, imgs):
     assert rb[0] == 1
 
 
-@pytest.fixture
-def deep(tmp_path):
-    """64 MiB images with many extents, so that many reads are in flight
-    when the first difference is met: a full copy, copies with one or two
-    differences far in, one whose allocation differs before a content
-    difference, and qcow2 conversions."""
+def build_deep(tmp_path):
     a = tmp_path / "a.raw"
     with open(a, "wb") as f:
         f.truncate(64 * MiB)
@@ -165,6 +206,15 @@ def deep(tmp_path):
                        check=True)
         out[name + "_q"] = str(q)
     return out
+
+
+@pytest.fixture
+def deep(prebuilt, tmp_path):
+    """64 MiB images with many extents, so that many reads are in flight
+    when the first difference is met: a full copy, copies with one or two
+    differences far in, one whose allocation differs before a content
+    difference, and qcow2 conversions."""
+    return copies(prebuilt, "deep", build_deep, tmp_path)
 
 
 DEEP_CASES = [
