@@ -436,8 +436,10 @@ restart:
         m = mm;
     }
     if (mm) {
-        /* the missing refcount blocks go first, the run right after them;
-         * they describe each other and the run */
+        /* as QEMU's allocator: the run first, the missing refcount
+         * blocks right after it (QEMU finds the run, then places each
+         * block it lacks at the next free cluster); they describe each
+         * other and the run */
         uint64_t j = 0;
         uint64_t *made = calloc(mm, sizeof(uint64_t));
         if (!made)
@@ -446,7 +448,7 @@ restart:
              b <= (i + nb + mm - 1) >> s->rb_bits && j < mm; b++) {
             if (s->refcount_table[b] & RTE_OFFSET_MASK)
                 continue;
-            uint64_t off = (i + j) << s->cluster_bits;
+            uint64_t off = (i + nb + j) << s->cluster_bits;
             void *block;
             ret = qc_check_overlap(n, 0, off, s->cluster_size);
             if (ret == 0)
@@ -478,7 +480,7 @@ restart:
         if (end > s->file_size)
             s->file_size = end;
         s->free_cluster_index = i + mm + nb;
-        return (int64_t)((i + mm) << s->cluster_bits);
+        return (int64_t)(i << s->cluster_bits);
     }
     ret = qc_update_refcount(n, i << s->cluster_bits, nb << s->cluster_bits, 1);
     if (ret < 0)
