@@ -258,14 +258,16 @@ static void head_allocated(const qcow2_state *s, void *table, uint64_t idx,
     qc_set_l2(s, table, idx, e, b);
 }
 
-/* QEMU copies on write the rest of a new partial last cluster: zeroes. */
+/* QEMU copies on write the rest of a new partial last cluster: zeroes
+ * (with extended L2 entries the rest of the last subcluster only). */
 static int put_tail(bi_node *n, uint64_t new_len, uint64_t host)
 {
     qcow2_state *s = n->opaque;
     uint64_t in = qc_offset_into_cluster(s, new_len);
-    if (!in)
+    uint64_t unit = s->ext_l2 ? s->subcluster_size : s->cluster_size;
+    uint64_t len = bi_align_up(in, unit) - in;
+    if (!in || !len)
         return 0;
-    uint64_t len = s->cluster_size - in;
     void *z = bi_blockalign(n->file, bi_align_up(len, 4096));
     if (!z)
         return -ENOMEM;
@@ -412,11 +414,9 @@ static int prealloc_data(bi_node *n, uint64_t old_len, uint64_t new_len,
         return ret;
     }
     uint64_t new_file = (uint64_t)start + nb_data * cs;
-    bi_error e2;
-    bi_error_init(&e2);
-    ret = bi_truncate(n->file, new_file, false, mode, &e2);
+    ret = bi_truncate(n->file, new_file, false, mode, err);
     if (ret < 0) {
-        bi_error_set(err, -ret, "Failed to resize underlying file: %s", e2.msg);
+        bi_error_prefix(err, "Failed to resize underlying file");
         qc_update_refcount(n, (uint64_t)start, nb_data * cs, -1);
         return ret;
     }
