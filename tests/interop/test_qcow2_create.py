@@ -2,6 +2,7 @@
 """blkimg create -f qcow2 against qemu-img create: the same file, byte for
 byte, the same "Formatting" line and the same errors."""
 import os
+import subprocess
 
 import pytest
 
@@ -66,6 +67,77 @@ def test_create_preallocated_clean(run, qemu_img, blkimg, tmp_path, opts):
     cp = run(qemu_img, "compare", str(qd / "img.qcow2"),
              str(bd / "img.qcow2"))
     assert cp.returncode == 0, cp.stdout
+
+
+# Preallocated creates, laid out as QEMU lays them out (an empty image grown
+# with the preallocation mode): several L2 tables, a second refcount block,
+# partial last clusters and subclusters, external data files.
+PREALLOC_SAME = [
+    ("preallocation=metadata", "600M"),
+    ("preallocation=metadata", "3G"),
+    ("preallocation=falloc", "1000001"),
+    ("preallocation=full", "7777777"),
+    ("preallocation=falloc,cluster_size=4k", "40M"),
+    ("preallocation=metadata,cluster_size=4k,refcount_bits=1", "40M"),
+    ("preallocation=full,cluster_size=2M", "5M"),
+    ("preallocation=metadata,compat=0.10", "1000001"),
+    ("preallocation=falloc,lazy_refcounts=on", "3M"),
+    ("preallocation=metadata,extended_l2=on", "1000000"),
+    ("preallocation=falloc,extended_l2=on", "100000"),
+    ("preallocation=falloc,extended_l2=on,backing_file=BASE,"
+     "backing_fmt=qcow2", "1050000"),
+    ("preallocation=metadata,data_file=DATA", "1050000"),
+    ("preallocation=full,data_file=DATA,data_file_raw=on", "7777777"),
+    ("preallocation=metadata,extended_l2=on,data_file=DATA", "100000"),
+    ("data_file=DATA,data_file_raw=on", "1000000"),
+]
+
+
+def same_file(a, b):
+    """Byte for byte (cmp: the files may be large and sparse)."""
+    return subprocess.run(["cmp", "-s", str(a), str(b)]).returncode == 0
+
+
+@pytest.mark.parametrize("opts,size", PREALLOC_SAME,
+                         ids=["%s-%s" % c for c in PREALLOC_SAME])
+def test_create_preallocated_identical(run, qemu_img, blkimg, tmp_path, opts,
+                                       size):
+    (q, qd), (b, bd) = create_both(run, qemu_img, blkimg, tmp_path, opts,
+                                   size)
+    assert q.returncode == 0 and b.returncode == 0, b.stderr
+    assert b.stdout == q.stdout
+    assert same_file(qd / "img.qcow2", bd / "img.qcow2")
+    if "DATA" in opts:
+        assert same_file(qd / "img.data", bd / "img.data")
+    cp = run(qemu_img, "check", "img.qcow2", cwd=str(bd))
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("mode", ["falloc", "full"])
+def test_create_preallocation_no_space(run, qemu_img, blkimg, tmp_path,
+                                       mode):
+    """Out of space while preallocating: qemu-img's message, exit code 1,
+    and the half-made image removed, as qemu-img removes it."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (tmpfs mount)")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8M", "tmpfs",
+                    str(mnt)], check=True)
+    try:
+        res = []
+        for tool in (qemu_img, blkimg):
+            cp = run(tool, "create", "-q", "-f", "qcow2", "-o",
+                     "preallocation=" + mode, "x.qcow2", "64M", cwd=str(mnt))
+            res.append((cp.returncode, cp.stdout,
+                        cp.stderr.replace("blkimg:", "qemu-img:"),
+                        sorted(os.listdir(mnt))))
+        assert res[1] == res[0]
+        assert res[0][0] == 1 and res[0][3] == []
+        assert "No space left on device" in res[0][2]
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)])
 
 
 ERRORS = [

@@ -2,8 +2,8 @@
 /*
  * qcow2 image creation. Layout, as QEMU's for the common case:
  *   cluster 0 header | refcount table | refcount blocks | L1 table
- * and with preallocation: every L2 table, then every data cluster as one
- * contiguous run (metadata: sparse; falloc/full through the file driver).
+ * With preallocation, as QEMU: an empty image grown by the driver's truncate
+ * in the preallocation mode (see create_preallocated).
  */
 #include "qcow2.h"
 #include "util/util.h"
@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 struct qc_create {
     uint64_t size;
@@ -409,9 +410,6 @@ static int write_image(const char *filename, const struct qc_create *c,
     uint64_t guest_clusters = (c->size + cs - 1) / cs;
     uint64_t l1_size = (guest_clusters + l2_entries - 1) / l2_entries;
     uint64_t l1_clusters = (l1_size * 8 + cs - 1) / cs;
-    bool prealloc = c->prealloc != BI_PREALLOC_OFF || c->prealloc_meta_only;
-    uint64_t n_l2 = prealloc ? l1_size : 0;
-    uint64_t n_data = (prealloc && !c->data_file) ? guest_clusters : 0;
     uint64_t rb_entries = cs * 8 >> c->refcount_order;
     uint64_t t = 1, r = 1;
     int ret;
@@ -422,7 +420,7 @@ static int write_image(const char *filename, const struct qc_create *c,
                         "exceed 32 MiB)");
     /* refcount table T clusters and R blocks covering everything */
     for (;;) {
-        uint64_t total = 1 + t + r + l1_clusters + n_l2 + n_data;
+        uint64_t total = 1 + t + r + l1_clusters;
         uint64_t r2 = (total + rb_entries - 1) / rb_entries;
         uint64_t t2 = (r2 * 8 + cs - 1) / cs;
         if (r2 == r && t2 == t)
@@ -437,10 +435,7 @@ static int write_image(const char *filename, const struct qc_create *c,
     uint64_t rt_off = cs;
     uint64_t rb_off = (1 + t) * cs;
     uint64_t l1_off = l1_size ? (1 + t + r) * cs : 0;
-    uint64_t l2_off = (1 + t + r + l1_clusters) * cs;
-    uint64_t data_off = l2_off + n_l2 * cs;
-    uint64_t meta_clusters = 1 + t + r + (l1_size ? l1_clusters : 0) + n_l2;
-    uint64_t total = meta_clusters + n_data;
+    uint64_t total = 1 + t + r + (l1_size ? l1_clusters : 0);
 
     struct bi_open_opts oo;
     bi_open_opts_init(&oo);
@@ -498,43 +493,13 @@ static int write_image(const char *filename, const struct qc_create *c,
     /* L1 table */
     for (uint64_t i = 0; i < (l1_size ? l1_clusters : 0); i++) {
         memset(buf, 0, cs);
-        for (uint64_t e = 0; e < cs / 8 && prealloc; e++) {
-            uint64_t idx = i * (cs / 8) + e;
-            if (idx < l1_size)
-                qc_put64(buf + e * 8, (l2_off + idx * cs) | QCOW_OFLAG_COPIED);
-        }
         /* QEMU's file ends with the L1 entries, unpadded */
         uint64_t len = cs;
-        if (!prealloc && i == l1_clusters - 1)
+        if (i == l1_clusters - 1)
             len = l1_size * 8 - i * cs;
         ret = bi_pwrite(f, l1_off + i * cs, buf, len, 0);
         if (ret < 0)
             goto io_err;
-    }
-    /* L2 tables (preallocation) */
-    for (uint64_t i = 0; i < n_l2; i++) {
-        memset(buf, 0, cs);
-        for (uint64_t e = 0; e < l2_entries; e++) {
-            uint64_t g = i * l2_entries + e;
-            if (g >= guest_clusters)
-                break;
-            uint64_t host = c->data_file ? g * cs : data_off + g * cs;
-            qc_put64(buf + e * (c->ext_l2 ? 16 : 8), host | QCOW_OFLAG_COPIED);
-            /* with a backing file the subclusters stay unallocated (the
-             * backing shows through), the host cluster is reserved */
-            if (c->ext_l2 && !c->backing_file)
-                qc_put64(buf + e * 16 + 8, 0xffffffffULL);
-        }
-        ret = bi_pwrite(f, l2_off + i * cs, buf, cs, 0);
-        if (ret < 0)
-            goto io_err;
-    }
-    if (n_data) {
-        enum bi_prealloc pm =
-            c->prealloc == BI_PREALLOC_METADATA ? BI_PREALLOC_OFF : c->prealloc;
-        ret = bi_truncate(f, data_off + n_data * cs, false, pm, err);
-        if (ret < 0)
-            goto out;
     }
     ret = bi_flush(f);
     if (ret < 0)
@@ -548,6 +513,50 @@ out:
     bi_error e2;
     bi_error_init(&e2);
     bi_close(f, &e2);
+    return ret;
+}
+
+/* Preallocation as QEMU lays it out: an empty image first, then grown to
+ * its size through the driver's truncate with the preallocation mode (the
+ * resize path, which places L1, L2 tables, refcount structures and data as
+ * qemu-img does). The backing file is not opened meanwhile: QEMU attaches
+ * it after the truncate, so it does not shape the preallocated entries.
+ * On failure the file is removed, as qemu-img removes it. */
+static int create_preallocated(const char *filename, const struct qc_create *c,
+                               bi_error *err)
+{
+    struct qc_create empty = *c;
+    empty.size = 0;
+    empty.prealloc = BI_PREALLOC_OFF;
+    empty.prealloc_meta_only = false;
+    int ret = write_image(filename, &empty, err);
+    if (ret < 0)
+        return ret;
+    struct bi_open_opts oo;
+    bi_open_opts_init(&oo);
+    oo.format = "qcow2";
+    oo.read_write = true;
+    oo.no_backing = true;
+    bi_node *n = bi_open(filename, &oo, err);
+    if (!n) {
+        ret = err && err->code ? err->code : -EIO;
+        goto fail;
+    }
+    /* a raw external data file stays mapped: metadata at least */
+    enum bi_prealloc mode =
+        c->prealloc == BI_PREALLOC_OFF ? BI_PREALLOC_METADATA : c->prealloc;
+    ret = bi_truncate(n, c->size, false, mode, err);
+    if (ret < 0) {
+        bi_error_prefix(err, "Could not resize image");
+        bi_close(n, NULL);
+        goto fail;
+    }
+    ret = bi_close(n, err);
+    if (ret < 0)
+        goto fail;
+    return 0;
+fail:
+    unlink(filename);
     return ret;
 }
 
@@ -612,7 +621,10 @@ int qcow2_create(const char *filename, const struct bi_create_opts *o,
         if (ret < 0)
             goto out;
     }
-    ret = write_image(filename, &c, err);
+    if (c.prealloc != BI_PREALLOC_OFF || c.prealloc_meta_only)
+        ret = create_preallocated(filename, &c, err);
+    else
+        ret = write_image(filename, &c, err);
 out:
     if (c.backing_file && c.backing_file != o->backing_file)
         free((char *)c.backing_file);
