@@ -9,6 +9,8 @@ identically.
 import json
 import os
 import shutil
+import subprocess
+import time
 
 import pytest
 
@@ -289,3 +291,55 @@ def test_small_metadata_caches_evict_cleanly(run, qemu_img, qemu_io,
     qemu_check_clean(run, qemu_img, img)
     assert raw_of(run, qemu_img, img, tmp_path) == \
         raw_of(run, qemu_img, ref, tmp_path)
+
+
+DIRECT_SCRIPTS = [
+    ["write -P 1 0 64k"],
+    ["write -P 1 100k 4k", "write -P 2 40M 1M"],
+    ["aio_write -P 3 0 64k", "aio_write -P 4 64k 64k",
+     "aio_write -P 5 128k 64k", "aio_flush", "write -P 6 5M 3M"],
+    ["write -z 0 10M", "write -P 7 10M 64k"],
+    ["write -P 8 0 20M"],
+]
+
+
+@pytest.mark.parametrize("opts", ["cluster_size=64k", "cluster_size=4k"])
+@pytest.mark.parametrize("cmds", DIRECT_SCRIPTS,
+                         ids=[" ; ".join(c) for c in DIRECT_SCRIPTS])
+def test_direct_writes_file_grows_ahead_and_is_cut_back(
+        run, qemu_img, qemu_io, blkimg_io, tmp_path, opts, cmds):
+    """With O_DIRECT the file grows ahead of new clusters (writes into
+    allocated extents run in parallel; past the end of the file they are
+    serialised); at close the file is cut back: it ends where qemu-io's
+    copy ends, is clean, and reads the same."""
+    base = str(tmp_path / "base.qcow2")
+    run(qemu_img, "create", "-q", "-f", "qcow2", "-o", opts, base, "64M",
+        check=True)
+    q, b = str(tmp_path / "q.qcow2"), str(tmp_path / "b.qcow2")
+    shutil.copyfile(base, q)
+    shutil.copyfile(base, b)
+    qargv = [qemu_io, "-t", "none", "-f", "qcow2"]
+    for c in cmds:
+        qargv += ["-c", c]
+    cp = run(*qargv, q)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    argv = [blkimg_io, "-t", "none", "-f", "qcow2"]
+    for c in cmds + ["sleep 700"]:
+        argv += ["-c", c]
+    p = subprocess.Popen(argv + [b], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    # while it sleeps, the file reaches at least 4 MiB past its last
+    # cluster in use
+    during = 0
+    for _ in range(100):
+        time.sleep(0.05)
+        during = max(during, os.path.getsize(b))
+        if during >= 4 << 20:
+            break
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, out + err
+    assert during >= 4 << 20
+    assert os.path.getsize(b) == os.path.getsize(q)
+    qemu_check_clean(run, qemu_img, b)
+    assert raw_of(run, qemu_img, b, tmp_path) == raw_of(run, qemu_img, q,
+                                                         tmp_path)

@@ -783,6 +783,10 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
         if (qc_bitmaps_kept(s))
             keep |= s->autoclear & QCOW2_AUTOCLEAR_BITMAPS;
         s->autoclear_pending = s->version >= 3 && keep != s->autoclear;
+        /* O_DIRECT writes into new clusters: the file grows ahead */
+        s->ahead_on = !check_mode && !qc_has_data_file(s) &&
+                      bi_cache_is_direct(n->file->cache);
+        s->ahead_open_len = s->ahead_end = s->file_size;
     }
     ret = 0;
 out:
@@ -850,6 +854,8 @@ static int close_co(void *arg)
         ret = bi_co_flush(n->file);
     if (ret == 0)
         ret = qc_bitmaps_store(n);
+    if (ret == 0)
+        qc_file_ahead_trim(n);
     /* everything is on disk: a lazy-refcounts image is clean again */
     if (ret == 0 && (s->incompat & QCOW2_INCOMPAT_DIRTY) && s->marked_dirty)
         ret = qc_update_incompat(n, s->incompat & ~QCOW2_INCOMPAT_DIRTY);

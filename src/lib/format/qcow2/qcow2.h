@@ -246,6 +246,11 @@ typedef struct qcow2_state {
     bool metadata_prealloc_checked;
     bool metadata_prealloc;
     uint64_t file_size; /* host file size at open, updated on growth */
+    /* The file grown ahead of the allocations (O_DIRECT, see
+     * qc_file_ahead): its length at open and how far it reaches now. */
+    bool ahead_on;
+    uint64_t ahead_open_len;
+    uint64_t ahead_end;
 } qcow2_state;
 
 /* ---- helpers ---- */
@@ -313,6 +318,12 @@ int qc_update_refcount(bi_node *n, uint64_t offset, uint64_t len,
                        int64_t delta);
 /* Allocates nb contiguous clusters (refcount 1); returns host offset. */
 int64_t qc_alloc_clusters(bi_node *n, uint64_t nb);
+/* New host clusters now reach end (bytes): grows the file ahead of them
+ * when that makes the data writes faster (O_DIRECT). */
+void qc_file_ahead(bi_node *n, uint64_t end);
+/* At close: cuts the file back to the last byte in use after growing it
+ * ahead (nothing otherwise). */
+void qc_file_ahead_trim(bi_node *n);
 /* Allocates up to nb clusters at exactly offset (those free); returns the
  * count allocated (0 if the first is in use). */
 int64_t qc_alloc_clusters_at(bi_node *n, uint64_t offset, uint64_t nb);

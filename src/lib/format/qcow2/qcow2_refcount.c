@@ -169,6 +169,8 @@ static int grow_refcount_table(bi_node *n, uint64_t need_idx)
         ((start + k + t) << s->cluster_bits) > (1ULL << 56))
         return -EFBIG;
 
+    /* the file reaches the new structures before they are written */
+    qc_file_ahead(n, (start + k + t) << s->cluster_bits);
     buf = bi_blockalign(n->file, cs);
     if (!buf)
         return -ENOMEM;
@@ -264,6 +266,7 @@ static int ensure_refblock(bi_node *n, uint64_t rt_idx)
     uint64_t off = (rt_idx << s->rb_bits) << s->cluster_bits;
     if (off >= (1ULL << 56))
         return -EFBIG;
+    qc_file_ahead(n, off + s->cluster_size); /* before the write */
     void *block;
     ret = qc_cache_get(n, &s->rb_cache, off, true, &block);
     if (ret < 0)
@@ -411,6 +414,53 @@ static uint64_t count_missing(const qcow2_state *s, uint64_t a, uint64_t len,
     return m;
 }
 
+/*
+ * Writes the table entries of k new refcount blocks (on disk already) in
+ * an order where each block's own refcount is in a block the table on disk
+ * already points to, or in the block itself: a crash between two entries
+ * then leaves leaked clusters only, never a block in use whose refcount is
+ * 0. (The blocks sit after the run they describe: the last of them usually
+ * describe the others.)
+ */
+static int hook_up_blocks(bi_node *n, const uint64_t *made, uint64_t k)
+{
+    qcow2_state *s = n->opaque;
+    bool *done = calloc(k, sizeof(bool));
+    if (!done)
+        return -ENOMEM;
+    int ret = 0;
+    for (uint64_t left = k; left && ret == 0;) {
+        uint64_t before = left;
+        for (uint64_t x = 0; x < k && ret == 0; x++) {
+            if (done[x])
+                continue;
+            uint64_t d = (s->refcount_table[made[x]] >> s->cluster_bits) >>
+                         s->rb_bits; /* the block describing block x */
+            bool ready = d == made[x];
+            if (!ready) {
+                ready = true; /* a block from before, or one hooked up */
+                for (uint64_t y = 0; y < k; y++)
+                    if (made[y] == d && !done[y])
+                        ready = false;
+            }
+            if (!ready)
+                continue;
+            ret = write_reftable_entry(n, made[x]);
+            done[x] = true;
+            left--;
+        }
+        if (left == before) /* cannot happen: blocks lie in index order */
+            for (uint64_t x = 0; x < k && ret == 0; x++)
+                if (!done[x]) {
+                    ret = write_reftable_entry(n, made[x]);
+                    done[x] = true;
+                    left--;
+                }
+    }
+    free(done);
+    return ret;
+}
+
 int64_t qc_alloc_clusters(bi_node *n, uint64_t nb)
 {
     qcow2_state *s = n->opaque;
@@ -441,6 +491,8 @@ restart:
          * block it lacks at the next free cluster); they describe each
          * other and the run */
         uint64_t j = 0;
+        /* the file reaches the new blocks before they are written */
+        qc_file_ahead(n, (i + nb + mm) << s->cluster_bits);
         uint64_t *made = calloc(mm, sizeof(uint64_t));
         if (!made)
             return -ENOMEM;
@@ -471,8 +523,8 @@ restart:
             ret = qc_cache_writeback(n, &s->rb_cache);
         if (ret == 0)
             ret = bi_co_flush(n->file);
-        for (uint64_t k = 0; k < j && ret == 0; k++)
-            ret = write_reftable_entry(n, made[k]);
+        if (ret == 0)
+            ret = hook_up_blocks(n, made, j);
         free(made);
         if (ret < 0)
             return ret;
@@ -488,7 +540,66 @@ restart:
     /* as QEMU's allocator: the search goes on after the run; free
      * clusters skipped below it wait until something is freed */
     s->free_cluster_index = i + nb;
+    qc_file_ahead(n, (i + nb) << s->cluster_bits);
     return (int64_t)(i << s->cluster_bits);
+}
+
+/*
+ * With O_DIRECT, a write past the end of the file or into a hole changes
+ * the file's block map, and filesystems serialise such writes (ext4 takes
+ * the inode lock exclusively for them): allocating writes in flight then
+ * run one at a time. Writes into allocated (unwritten) extents inside the
+ * file run in parallel. So, as QEMU's preallocate filter does, the file is
+ * grown ahead of the clusters handed out, in steps (an eighth of the file,
+ * 4 to 64 MiB), with a zero-range fallocate that reads as zeroes; close
+ * cuts it back to the last byte in use. Where the filesystem cannot
+ * allocate fast (or the node is a block device), nothing is done.
+ * Callers come here BEFORE they write past the end: the new range is
+ * zeroed, so it must not hold anything yet.
+ */
+void qc_file_ahead(bi_node *n, uint64_t end)
+{
+    qcow2_state *s = n->opaque;
+    const uint64_t MiB = 1024 * 1024;
+    if (!s->ahead_on || end <= s->ahead_end)
+        return;
+    uint64_t step = BI_MIN(BI_MAX(end / 8, 4 * MiB), 64 * MiB);
+    /* never over anything written: callers come here before they write
+     * past the end, and the file may have grown by other means */
+    uint64_t from = bi_align_up(BI_MAX(s->ahead_end, n->file->size), MiB);
+    uint64_t to = bi_align_up(end + step, MiB);
+    int ret = bi_co_pwrite_zeroes(n->file, from, to - from, BI_REQ_NO_FALLBACK);
+    if (ret < 0) {
+        s->ahead_on = false; /* the writes extend the file themselves */
+        return;
+    }
+    s->ahead_end = to;
+}
+
+void qc_file_ahead_trim(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
+    if (s->ahead_end <= s->ahead_open_len)
+        return;
+    int64_t last = qc_last_cluster(n, s->ahead_end);
+    if (last < 0)
+        return;
+    uint64_t end = ((uint64_t)last + 1) << s->cluster_bits;
+    /* compressed data ends inside its cluster (written up to the file's
+     * request alignment) */
+    if (s->free_byte_offset &&
+        qc_start_of_cluster(s, s->free_byte_offset) == end - s->cluster_size)
+        end = BI_MIN(end, bi_align_up(s->free_byte_offset,
+                                      n->file->limits.request_alignment));
+    end = BI_MAX(end, s->ahead_open_len);
+    bi_error e;
+    bi_error_init(&e);
+    /* a failure leaves the file longer than needed, nothing else */
+    if (end < s->ahead_end &&
+        bi_truncate(n->file, end, false, BI_PREALLOC_OFF, &e) == 0) {
+        s->ahead_end = end;
+        s->ahead_open_len = end;
+    }
 }
 
 int64_t qc_alloc_bytes(bi_node *n, uint64_t size)
