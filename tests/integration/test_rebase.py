@@ -217,9 +217,21 @@ BIG_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", BIG_CASES, ids=lambda c: " ".join(c))
-@pytest.mark.parametrize("top_opts", [(), ("-o", "cluster_size=4096")],
-                         ids=lambda o: " ".join(o) or "64k")
+def _big_params():
+    """Every case with 64k and with 4k clusters in the top; each case runs
+    with one of them on the sanitizer pass (the other is `slow`: the
+    normal build runs it)."""
+    out = []
+    for t, top_opts in enumerate([(), ("-o", "cluster_size=4096")]):
+        for c, case in enumerate(BIG_CASES):
+            out.append(pytest.param(
+                case, top_opts,
+                id="%s-%s" % (" ".join(top_opts) or "64k", " ".join(case)),
+                marks=[pytest.mark.slow] if (t + c) % 2 else []))
+    return out
+
+
+@pytest.mark.parametrize("case,top_opts", _big_params())
 def test_rebase_many_extents(qemu_img, blkimg, tmp_path, twin, case,
                              top_opts):
     """Chains of depth 3 with many extents: the same output (progress

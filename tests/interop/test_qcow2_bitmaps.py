@@ -585,10 +585,14 @@ HOSTILE = [
 @pytest.mark.parametrize("idx", range(len(HOSTILE)),
                          ids=[h[0] for h in HOSTILE])
 def test_hostile_bitmap_directory(run, qemu_img, blkimg, blkimg_io, tmp_path,
-                                  idx):
+                                  prebuilt, idx):
     name, damage, expect = HOSTILE[idx]
     img = str(tmp_path / "h.qcow2")
-    make_image(run, qemu_img, img, "1M", [("b0",), ("b1",)])
+    # the undamaged image is made once per worker; each test damages a copy
+    src = prebuilt("bitmaps-hostile",
+                   lambda d: make_image(run, qemu_img, str(d / "h.qcow2"),
+                                        "1M", [("b0",), ("b1",)]))
+    shutil.copyfile(src / "h.qcow2", img)
     damage(img)
     before = sha(img)
     for cmd in ([blkimg, "info", img], [blkimg, "info", "--output=json", img],
