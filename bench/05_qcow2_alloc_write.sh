@@ -3,7 +3,8 @@
 #
 # Allocating writes: 64 KiB, queue depth 16, cache=none, into an empty
 # 1 GiB qcow2 (made fresh by qemu-img for every run): `blkimg bench -w` vs
-# `qemu-img bench -w`. Every written image is checked with qemu-img check.
+# `qemu-img bench -w`, interleaved runs in alternating order. Every written
+# image is checked with qemu-img check.
 # Goal: blkimg >= 1.3x qemu-img.
 set -uo pipefail
 BENCH_NAME="qcow2-alloc-writes"
@@ -23,24 +24,34 @@ fresh
     skip "blkimg cannot open qcow2 images yet ($("$BLKIMG" info -f qcow2 "$IMG" 2>&1 | head -n 1))"
 
 count=$(quick 4096 16384) # 16384 x 64 KiB = the whole 1 GiB
-declare -A MBS CHECK
-for tool in blkimg qemu-img; do
-    bin=qemu-img
-    [ "$tool" = blkimg ] && bin=$BLKIMG
-    v=()
-    CHECK[$tool]=ok
-    for ((i = 0; i < BENCH_REPS; i++)); do
+reps=$((BENCH_REPS * 2 - 1))
+note "$reps interleaved runs per tool, alternating order (median)"
+declare -A CHECK
+CHECK[blkimg]=ok
+CHECK[qemu-img]=ok
+declare -a vb=() vq=()
+for ((i = 0; i < reps; i++)); do
+    order=(blkimg qemu-img)
+    ((i % 2)) && order=(qemu-img blkimg)
+    for tool in "${order[@]}"; do
+        bin=qemu-img
+        [ "$tool" = blkimg ] && bin=$BLKIMG
         fresh
         drop_caches
         s=$(bench_seconds "$bin" bench -w -f qcow2 -t none -d 16 -s 64k -c "$count" "$IMG")
-        [ -n "$s" ] || break
-        v+=("$(awk -v c="$count" -v t="$s" 'BEGIN{printf "%.1f", c * 64 / 1024 / t}')")
+        [ -n "$s" ] || { CHECK[$tool]="bench FAILED"; continue; }
+        v=$(awk -v c="$count" -v t="$s" 'BEGIN{printf "%.1f", c * 64 / 1024 / t}')
+        if [ "$tool" = blkimg ]; then vb+=("$v"); else vq+=("$v"); fi
         if ! qemu-img check -q -f qcow2 "$IMG" >/dev/null 2>&1; then
             CHECK[$tool]="qemu-img check FAILED"
         fi
     done
-    if [ ${#v[@]} -gt 0 ]; then MBS[$tool]=$(median "${v[@]}"); else MBS[$tool]="-"; fi
 done
+declare -A MBS
+MBS[blkimg]=-
+MBS[qemu-img]=-
+[ ${#vb[@]} -gt 0 ] && MBS[blkimg]=$(median "${vb[@]}")
+[ ${#vq[@]} -gt 0 ] && MBS[qemu-img]=$(median "${vq[@]}")
 rm -f "$IMG"
 
 r=$(ratio "${MBS[blkimg]}" "${MBS[qemu-img]}")
