@@ -390,6 +390,36 @@ def test_compressed(qemu_img, blkimg, tmp_path, src, ctype):
     qcheck(qemu_img, str(out2))
 
 
+@pytest.mark.parametrize("opts", [[], ["-o", "compression_type=zstd"],
+                                  ["-o", "cluster_size=4k"],
+                                  ["-t", "none", "-o", "cluster_size=512"]],
+                         ids=lambda o: " ".join(o) or "default")
+def test_compressed_file_identical_to_qemu(qemu_img, blkimg, tmp_path, opts):
+    """convert -c lays the file out as qemu-img does, byte for byte:
+    clusters compress in parallel but take host space in guest order, an
+    uncompressible cluster is stored as data, and the file ends on a sector
+    boundary."""
+    src = tmp_path / "mix.raw"
+    with open(src, "wb") as f:
+        f.truncate(24 * MiB)
+        f.write((b"compressible text " * 100000)[:3 * MiB])
+        f.seek(5 * MiB)
+        f.write(os.urandom(1 * MiB))  # does not compress
+        f.seek(9 * MiB + 3000)
+        f.write(b"\x07" * 70000)
+        f.seek(24 * MiB - 777)
+        f.write(b"end" * 259)
+    outs = []
+    for tool, name in ((qemu_img, "q.qcow2"), (blkimg, "b.qcow2")):
+        out = tmp_path / name
+        cp = subprocess.run([tool, "convert", "-c", "-O", "qcow2"] + opts +
+                            [src, out], capture_output=True, text=True)
+        assert cp.returncode == 0, cp.stderr
+        outs.append(out.read_bytes())
+    assert outs[1] == outs[0]
+    assert len(outs[1]) % 512 == 0
+
+
 def test_backing_target_writes_only_top(qemu_img, blkimg, tmp_path):
     """-B/-F: what is unallocated above the source's backing file stays
     unallocated in the target."""

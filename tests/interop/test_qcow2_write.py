@@ -194,6 +194,25 @@ def test_write_compressed(run, qemu_img, qemu_io, blkimg_io, tmp_path):
                                   "read -P 9 1048676 65436"])
 
 
+@pytest.mark.parametrize("ctype", ["zlib", "zstd"])
+def test_write_compressed_file_identical(run, qemu_img, qemu_io, blkimg_io,
+                                         tmp_path, ctype):
+    """Compressed writes into a new image: the L2 table is allocated before
+    the compressed bytes, as in QEMU, so the file is qemu-io's byte for
+    byte."""
+    cmds = ["write -c -P 7 0 64k", "write -c -P 8 64k 64k",
+            "write -c -P 9 10M 64k", "write -c -P 10 3M 64k"]
+    files = []
+    for tool, name in ((qemu_io, "q.qcow2"), (blkimg_io, "b.qcow2")):
+        img = str(tmp_path / name)
+        run(qemu_img, "create", "-q", "-f", "qcow2", "-o",
+            "compression_type=" + ctype, img, "64M", check=True)
+        apply(run, tool, img, cmds)
+        with open(img, "rb") as f:
+            files.append(f.read())
+    assert files[1] == files[0]
+
+
 def test_concurrent_overlapping_allocating_writes(run, qemu_img, qemu_io,
                                                   blkimg_io, tmp_path):
     """Many allocating writes in flight that share clusters: writes to

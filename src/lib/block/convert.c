@@ -1160,6 +1160,14 @@ static int convert_co(void *opaque)
     while (!s->finished || s->releases) {
         bi_co_queue_wait(&s->done_q);
     }
+    if (s->ret == 0 && s->o->compress) {
+        /* as qemu-img: an empty compressed write ends the file on a sector
+         * boundary (compressed data ends anywhere) */
+        int ret = bi_co_pwrite_compressed(s->dst, 0, NULL, 0);
+        if (ret < 0 && ret != -ENOTSUP) {
+            set_error(s, ret, EK_WRITE, s->total);
+        }
+    }
     if (s->ret == 0 && s->o->flush) {
         int ret = bi_co_flush(s->dst);
         if (ret < 0) {

@@ -389,6 +389,7 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
     s->node = n;
     s->read_only = n->read_only;
     bi_co_mutex_init(&s->lock);
+    bi_co_queue_init(&s->comp_wait);
     int64_t fsz = bi_getlength(n->file);
     if (fsz < 0)
         return qc_error(err, (int)fsz, "Could not read qcow2 header: %s",

@@ -231,6 +231,10 @@ typedef struct qcow2_state {
     struct qcow2_cache l2_cache;
     struct qcow2_cache rb_cache;
     bi_co_mutex lock;
+    /* compressed writes take host space in the order they arrive (their
+     * compression runs in parallel): a ticket each, served in order */
+    uint64_t comp_ticket, comp_turn;
+    bi_co_queue comp_wait;
 
     uint64_t free_cluster_index; /* hint: no free cluster below */
     uint64_t free_byte_offset;   /* compressed packing, 0 = none */

@@ -1174,6 +1174,18 @@ static int comp_fn(void *arg)
     return j->out < 0 ? (int)j->out : 0;
 }
 
+static void comp_turn_wait(qcow2_state *s, uint64_t ticket)
+{
+    while (s->comp_turn != ticket)
+        bi_co_queue_wait(&s->comp_wait);
+}
+
+static void comp_turn_pass(qcow2_state *s)
+{
+    s->comp_turn++;
+    bi_co_queue_wake_all(&s->comp_wait);
+}
+
 int qcow2_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
                                uint64_t len)
 {
@@ -1186,8 +1198,19 @@ int qcow2_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
         return -ENOTSUP;
     if (off & (cs - 1))
         return -EINVAL;
-    if (len == 0)
-        return 0;
+    if (len == 0) {
+        /* as QEMU: the end of the file goes to a sector boundary, which
+         * compressed data leaves anywhere */
+        int64_t flen = bi_getlength(n->file);
+        if (flen < 0)
+            return (int)flen;
+        if (!((uint64_t)flen & 511))
+            return 0;
+        bi_error e;
+        bi_error_init(&e);
+        return bi_truncate(n->file, bi_align_up((uint64_t)flen, 512), false,
+                           BI_PREALLOC_OFF, &e);
+    }
     if (len > cs || (len < cs && off + len != n->size))
         return -EINVAL;
     uint8_t *src = bi_blockalign(n->file, cs);
@@ -1199,8 +1222,14 @@ int qcow2_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
     }
     memset(src, 0, cs);
     memcpy(src, buf, len);
+    /* Compression runs in parallel; host space is taken in arrival order
+     * (convert -c issues clusters in guest order: the file is laid out as
+     * qemu-img lays it out, and reads back sequentially). */
+    uint64_t ticket = s->comp_ticket++;
+    bool passed = false;
     struct comp_job j = {(int)s->compression_type, src, cs, dst, cs - 1, 0};
     ret = bi_run_in_thread(comp_fn, &j);
+    comp_turn_wait(s, ticket);
     if (ret == -ENOSPC) {
         /* does not compress: store the cluster as ordinary data */
         ret = qc_write_buf(n, off, src, BI_MIN(cs, n->size - off));
@@ -1214,6 +1243,15 @@ int qcow2_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
     ret = qc_before_write(n);
     if (ret == 0)
         ret = qc_bitmaps_mark(n, off, len);
+    if (ret == 0) {
+        /* as QEMU: the L2 table (allocated if missing) before the bytes,
+         * so the file is laid out as qemu-img lays it out */
+        void *t0;
+        uint64_t i0;
+        ret = qc_get_l2_table(n, off, true, &t0, &i0);
+        if (ret == 0)
+            qc_cache_put(&s->l2_cache, t0);
+    }
     int64_t host = ret < 0 ? ret : qc_alloc_bytes(n, csize);
     if (host < 0) {
         ret = (int)host;
@@ -1222,6 +1260,8 @@ int qcow2_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
     }
     ret = qc_check_overlap(n, 0, (uint64_t)host, csize);
     bi_co_mutex_unlock(&s->lock);
+    comp_turn_pass(s); /* the next one allocates while this one writes */
+    passed = true;
     if (ret == 0)
         ret = bi_co_pwrite(n->file, (uint64_t)host, dst, csize, 0);
     bi_co_mutex_lock(&s->lock);
@@ -1247,6 +1287,8 @@ int qcow2_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
     }
     bi_co_mutex_unlock(&s->lock);
 out:
+    if (!passed)
+        comp_turn_pass(s);
     bi_free_aligned(src);
     bi_free_aligned(dst);
     return ret;
