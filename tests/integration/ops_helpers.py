@@ -149,16 +149,6 @@ def pristine_view(qemu_img, img, tmp_path):
     return _pristine[str(src)]
 
 
-def twin_dirs(tmp_path, build):
-    """build(dir) makes the images in a directory; returns (q, b): the
-    directory qemu-img works in and the one blkimg works in (built once,
-    in tmp_path/src, and copied allocation and all)."""
-    src = tmp_path / "src"
-    src.mkdir()
-    build(src)
-    return twin_copy(src, tmp_path)
-
-
 _views = itertools.count()
 
 
