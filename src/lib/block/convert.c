@@ -17,6 +17,7 @@
  */
 #include "blkimg/convert.h"
 #include "block/block.h"
+#include "io/aio.h"
 #include "util/coroutine.h"
 #include "util/util.h"
 
@@ -1098,6 +1099,9 @@ static void worker(void *opaque)
     if (!buf) {
         set_error(s, -ENOMEM, EK_NONE, 0);
     }
+    /* every chunk goes through these buffers: pinned once */
+    bool reg = bi_io_buf_register(buf, s->buf_size);
+    bool reg2 = bi_io_buf_register(buf2, s->buf_size);
     while (buf && take_chunk(s, &ch) == 0) {
         if (s->rl_quota && chunk_rated(s, ch.kind)) {
             uint64_t d = rate_delay(s, ch.len);
@@ -1109,6 +1113,12 @@ static void worker(void *opaque)
             break;
         }
         chunk_done(s, &ch);
+    }
+    if (reg) {
+        bi_io_buf_unregister(buf);
+    }
+    if (reg2) {
+        bi_io_buf_unregister(buf2);
     }
     bi_free_aligned(buf);
     bi_free_aligned(buf2);

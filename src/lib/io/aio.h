@@ -17,6 +17,13 @@ struct bi_engine *bi_engine_get(void);
  * io->opaque are overwritten. Returns io->ret. */
 int64_t bi_io_run(struct bi_io *io);
 
+/* Registers a buffer that will carry many requests (the io_uring engine
+ * then pins its pages once, not for every request). Best effort: false
+ * when it is not registered, which changes nothing but speed. A registered
+ * buffer must be unregistered before it is freed. */
+bool bi_io_buf_register(void *base, size_t len);
+void bi_io_buf_unregister(void *base);
+
 /* One loop iteration: enters woken coroutines, polls the engine (waiting
  * for an event if blocking and something is in flight). Returns the number
  * of things done. */

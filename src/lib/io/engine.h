@@ -9,6 +9,7 @@
 #define BI_ENGINE_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
 
@@ -55,6 +56,11 @@ struct bi_engine_ops {
      * min_complete > 0 waits until at least that many completed (or none
      * is in flight). Returns the number of callbacks run, or -errno. */
     int (*poll)(struct bi_engine *e, unsigned min_complete);
+    /* Optional. Registers [base, base + len) as a buffer many requests
+     * will use: its pages are pinned once instead of per request. 0 or
+     * -errno (then nothing changes). Unregister before the memory goes. */
+    int (*buf_register)(struct bi_engine *e, void *base, size_t len);
+    void (*buf_unregister)(struct bi_engine *e, void *base);
 };
 
 struct bi_engine {

@@ -22,6 +22,13 @@
 #define POOL_THREADS 16
 /* CQEs copied out per batch while reaping. */
 #define REAP_BATCH 64
+/* Slots for registered buffers (a sparse table, registered on first use). */
+#define FIXED_SLOTS 64
+
+struct fixed_buf {
+    char *base; /* NULL: free slot */
+    size_t len;
+};
 
 struct uring {
     struct io_uring ring;
@@ -35,6 +42,11 @@ struct uring {
     /* Requests run inline because no worker pool could be created; their
      * callbacks run at the next poll. */
     struct bi_io *inline_head, *inline_tail;
+    /* Registered buffers: reads and writes inside one use the _fixed
+     * opcodes (no page pinning per request). */
+    int fixed_state; /* 0: not tried, 1: table registered, -1: unavailable */
+    unsigned fixed_used;
+    struct fixed_buf fixed[FIXED_SLOTS];
 };
 
 static void list_push(struct bi_io **head, struct bi_io **tail,
@@ -121,6 +133,69 @@ static struct io_uring_sqe *get_sqe(struct uring *u)
     return sqe;
 }
 
+static int uring_buf_register(struct bi_engine *e, void *base, size_t len)
+{
+    struct uring *u = e->priv;
+    struct iovec iov = {base, len};
+    __u64 tag = 0;
+    unsigned i;
+    int r;
+
+    if (u->fixed_state == 0) {
+        r = io_uring_register_buffers_sparse(&u->ring, FIXED_SLOTS);
+        u->fixed_state = r == 0 ? 1 : -1;
+    }
+    if (u->fixed_state < 0) {
+        return -ENOTSUP;
+    }
+    for (i = 0; i < FIXED_SLOTS && u->fixed[i].base; i++) {
+    }
+    if (i == FIXED_SLOTS) {
+        return -ENOSPC;
+    }
+    /* Fails (ENOMEM) past RLIMIT_MEMLOCK for unprivileged users. */
+    r = io_uring_register_buffers_update_tag(&u->ring, i, &iov, &tag, 1);
+    if (r < 0) {
+        return r;
+    }
+    u->fixed[i].base = base;
+    u->fixed[i].len = len;
+    u->fixed_used++;
+    return 0;
+}
+
+static void uring_buf_unregister(struct bi_engine *e, void *base)
+{
+    struct uring *u = e->priv;
+    struct iovec iov = {NULL, 0};
+    __u64 tag = 0;
+
+    for (unsigned i = 0; i < FIXED_SLOTS; i++) {
+        if (u->fixed[i].base == base) {
+            /* The kernel keeps the pages until requests using them end. */
+            io_uring_register_buffers_update_tag(&u->ring, i, &iov, &tag, 1);
+            u->fixed[i].base = NULL;
+            u->fixed_used--;
+            return;
+        }
+    }
+}
+
+/* The registered buffer holding v entirely, or -1. */
+static int fixed_index(const struct uring *u, const struct iovec *v)
+{
+    const char *p = v->iov_base;
+
+    for (int i = 0; u->fixed_used && i < FIXED_SLOTS; i++) {
+        const struct fixed_buf *f = &u->fixed[i];
+        if (f->base && p >= f->base && v->iov_len <= f->len &&
+            (size_t)(p - f->base) <= f->len - v->iov_len) {
+            return i;
+        }
+    }
+    return -1;
+}
+
 static void arm_pool_poll(struct uring *u)
 {
     struct io_uring_sqe *sqe = get_sqe(u);
@@ -157,13 +232,19 @@ static void to_pool(struct uring *u, struct bi_io *io)
 static bool prep(struct uring *u, struct bi_io *io)
 {
     struct io_uring_sqe *sqe = get_sqe(u);
+    int fi;
 
     if (!sqe) {
         return false;
     }
     switch (io->op) {
     case BI_IO_READ:
-        if (io->iovcnt == 1 && io->iov[0].iov_len <= UINT32_MAX) {
+        if (io->iovcnt == 1 && io->iov[0].iov_len <= UINT32_MAX &&
+            (fi = fixed_index(u, &io->iov[0])) >= 0) {
+            io_uring_prep_read_fixed(sqe, io->fd, io->iov[0].iov_base,
+                                     (unsigned)io->iov[0].iov_len, io->offset,
+                                     fi);
+        } else if (io->iovcnt == 1 && io->iov[0].iov_len <= UINT32_MAX) {
             io_uring_prep_read(sqe, io->fd, io->iov[0].iov_base,
                                (unsigned)io->iov[0].iov_len, io->offset);
         } else {
@@ -172,7 +253,12 @@ static bool prep(struct uring *u, struct bi_io *io)
         }
         break;
     case BI_IO_WRITE:
-        if (io->iovcnt == 1 && io->iov[0].iov_len <= UINT32_MAX) {
+        if (io->iovcnt == 1 && io->iov[0].iov_len <= UINT32_MAX &&
+            (fi = fixed_index(u, &io->iov[0])) >= 0) {
+            io_uring_prep_write_fixed(sqe, io->fd, io->iov[0].iov_base,
+                                      (unsigned)io->iov[0].iov_len, io->offset,
+                                      fi);
+        } else if (io->iovcnt == 1 && io->iov[0].iov_len <= UINT32_MAX) {
             io_uring_prep_write(sqe, io->fd, io->iov[0].iov_base,
                                 (unsigned)io->iov[0].iov_len, io->offset);
         } else {
@@ -387,4 +473,6 @@ const struct bi_engine_ops bi_engine_uring_ops = {
     .cleanup = uring_cleanup,
     .submit = uring_submit,
     .poll = uring_poll,
+    .buf_register = uring_buf_register,
+    .buf_unregister = uring_buf_unregister,
 };

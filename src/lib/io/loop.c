@@ -114,6 +114,20 @@ static int run_ready(void)
     return n;
 }
 
+bool bi_io_buf_register(void *base, size_t len)
+{
+    struct bi_engine *e = bi_engine_get();
+    return base && len && e->ops->buf_register &&
+           e->ops->buf_register(e, base, len) == 0;
+}
+
+void bi_io_buf_unregister(void *base)
+{
+    struct bi_engine *e = bi_engine_get();
+    if (base && e->ops->buf_unregister)
+        e->ops->buf_unregister(e, base);
+}
+
 int bi_loop_run_once(bool blocking)
 {
     struct bi_engine *e = bi_engine_get();
