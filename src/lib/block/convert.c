@@ -1072,12 +1072,24 @@ static uint64_t rate_delay(struct cv_state *s, uint64_t n)
     return s->rl_end > now ? s->rl_end - now : 0;
 }
 
+struct rl_sleep {
+    uint64_t ns;
+    volatile sig_atomic_t *cancel;
+};
+
+/* Sleeps ns in slices of at most 20 ms, so that an interrupt (SIGINT,
+ * SIGTERM) stops the copy at once rather than after every worker's
+ * queued delay. */
 static int sleep_fn(void *opaque)
 {
-    uint64_t ns = *(uint64_t *)opaque;
-    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000ULL),
-                          .tv_nsec = (long)(ns % 1000000000ULL)};
-    while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+    struct rl_sleep *r = opaque;
+    uint64_t left = r->ns;
+    while (left && !(r->cancel && *r->cancel)) {
+        uint64_t ns = BI_MIN(left, 20000000ULL);
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = (long)ns};
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR) {
+        }
+        left -= ns;
     }
     return 0;
 }
@@ -1104,9 +1116,9 @@ static void worker(void *opaque)
     bool reg2 = bi_io_buf_register(buf2, s->buf_size);
     while (buf && take_chunk(s, &ch) == 0) {
         if (s->rl_quota && chunk_rated(s, ch.kind)) {
-            uint64_t d = rate_delay(s, ch.len);
-            if (d) {
-                bi_run_in_thread(sleep_fn, &d);
+            struct rl_sleep r = {rate_delay(s, ch.len), s->o->cancel};
+            if (r.ns) {
+                bi_run_in_thread(sleep_fn, &r);
             }
         }
         if (do_chunk(s, &ch, buf, buf2) < 0) {
