@@ -239,3 +239,49 @@ def prebuilt(tmp_path_factory):
             dirs[key] = d
         return dirs[key]
     return get
+
+
+@pytest.fixture
+def small_tmpfs(tmp_path):
+    """factory(size="4M") -> a tmpfs of that size mounted under tmp_path
+    (for out-of-space cases); unmounted at the end of the test."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (tmpfs mount)")
+    mounts = []
+
+    def mount(size="4M"):
+        mnt = tmp_path / ("tmpfs%d" % len(mounts))
+        mnt.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=" + size,
+                        "tmpfs", str(mnt)], check=True)
+        mounts.append(mnt)
+        return mnt
+    try:
+        yield mount
+    finally:
+        for mnt in mounts:
+            subprocess.run(["umount", "-l", str(mnt)])
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.when == "call":
+        item.blkimg_passed = rep.passed
+
+
+@pytest.fixture(autouse=True)
+def _drop_tmp_path_of_passed_test(request):
+    """A passed test's tmp_path is removed at its end (its images can be
+    hundreds of MiB; pytest keeps three runs' worth); a failed test keeps
+    its files for a look. Autouse, so torn down after the test's own
+    fixtures (mounts are gone by then)."""
+    yield
+    if "tmp_path" not in request.fixturenames:
+        return
+    if not getattr(request.node, "blkimg_passed", False):
+        return
+    path = request.node.funcargs.get("tmp_path")
+    if path is not None:
+        shutil.rmtree(path, ignore_errors=True)

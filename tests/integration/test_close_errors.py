@@ -13,20 +13,6 @@ import pytest
 pytestmark = [pytest.mark.qemu, pytest.mark.root]
 
 
-@pytest.fixture
-def small_tmpfs(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("needs root (tmpfs mount)")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4M", "tmpfs",
-                    str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)])
-
-
 def fill(path):
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
@@ -39,7 +25,8 @@ def fill(path):
 
 
 def test_bitmap_store_fails_at_close(blkimg_io, small_tmpfs):
-    img = small_tmpfs / "a.qcow2"
+    mnt = small_tmpfs("4M")
+    img = mnt / "a.qcow2"
     subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", img, "8M"],
                    check=True)
     subprocess.run(["qemu-img", "bitmap", "--add", img, "b0"], check=True)
@@ -47,7 +34,7 @@ def test_bitmap_store_fails_at_close(blkimg_io, small_tmpfs):
                           "sleep 1500", str(img)], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     time.sleep(0.8)
-    fill(small_tmpfs / "filler")  # no room left to store the bitmap
+    fill(mnt / "filler")  # no room left to store the bitmap
     out, err = p.communicate(timeout=60)
     assert p.returncode == 1
     assert "wrote 1048576/1048576 bytes at offset 0" in out
@@ -55,7 +42,7 @@ def test_bitmap_store_fails_at_close(blkimg_io, small_tmpfs):
     assert len(lines) == 1, err
     assert lines[0] == ("blkimg-io: Failed to close '%s': No space left on "
                         "device" % img)
-    os.unlink(small_tmpfs / "filler")
+    os.unlink(mnt / "filler")
     cp = subprocess.run(["qemu-img", "check", img], capture_output=True,
                         text=True)
     assert cp.returncode == 0, cp.stdout

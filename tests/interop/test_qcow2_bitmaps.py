@@ -16,7 +16,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import time
@@ -728,41 +727,33 @@ def test_amend_like_qemu(run, qemu_img, qemu_io, blkimg, tmp_path, opt):
 
 @pytest.mark.root
 def test_no_space_for_bitmap_update(run, qemu_img, qemu_io, blkimg_io,
-                                    tmp_path):
+                                    tmp_path, small_tmpfs):
     """The bitmaps cannot be marked in use (file system full): the write
     fails with an error and nothing in the image changes; with space
     again, writes and bitmaps work."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root (tmpfs mount)")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2M", "tmpfs",
-                    str(mnt)], check=True)
+    mnt = small_tmpfs("2M")
+    img = str(mnt / "full.qcow2")
+    make_image(run, qemu_img, img, "64M", [("b0",), ("b1", "4k")])
+    filler = str(mnt / "filler")
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        img = str(mnt / "full.qcow2")
-        make_image(run, qemu_img, img, "64M", [("b0",), ("b1", "4k")])
-        filler = str(mnt / "filler")
-        fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
-        try:
-            while True:
-                os.write(fd, b"\1" * 4096)
-        except OSError:
-            pass
-        os.close(fd)
-        cp = run(blkimg_io, "-c", "write -P 1 0 64k", img)
-        assert "write failed" in cp.stdout + cp.stderr, cp.stdout + cp.stderr
-        check_clean(run, qemu_img, img)
-        assert summary(img) == {"b0": (2, 16, 1, []), "b1": (2, 12, 1, [])}
-        assert os.path.getsize(img) == len(read(img))
-        os.unlink(filler)
-        session(run, blkimg_io, img, ["write -P 1 0 64k"])
-        check_clean(run, qemu_img, img)
-        s = summary(img)
-        assert s["b0"][3] == [0] and s["b1"][3] == list(range(16))
-        cp = run(qemu_io, "-r", "-c", "read -P 1 0 64k", img)
-        assert "failed" not in cp.stdout
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)])
+        while True:
+            os.write(fd, b"\1" * 4096)
+    except OSError:
+        pass
+    os.close(fd)
+    cp = run(blkimg_io, "-c", "write -P 1 0 64k", img)
+    assert "write failed" in cp.stdout + cp.stderr, cp.stdout + cp.stderr
+    check_clean(run, qemu_img, img)
+    assert summary(img) == {"b0": (2, 16, 1, []), "b1": (2, 12, 1, [])}
+    assert os.path.getsize(img) == len(read(img))
+    os.unlink(filler)
+    session(run, blkimg_io, img, ["write -P 1 0 64k"])
+    check_clean(run, qemu_img, img)
+    s = summary(img)
+    assert s["b0"][3] == [0] and s["b1"][3] == list(range(16))
+    cp = run(qemu_io, "-r", "-c", "read -P 1 0 64k", img)
+    assert "failed" not in cp.stdout
 
 
 def test_hostile_65535_bitmaps_sharing_a_table(run, qemu_img, blkimg_io,

@@ -115,29 +115,21 @@ def test_create_preallocated_identical(run, qemu_img, blkimg, tmp_path, opts,
 
 @pytest.mark.root
 @pytest.mark.parametrize("mode", ["falloc", "full"])
-def test_create_preallocation_no_space(run, qemu_img, blkimg, tmp_path,
+def test_create_preallocation_no_space(run, qemu_img, blkimg, small_tmpfs,
                                        mode):
     """Out of space while preallocating: qemu-img's message, exit code 1,
     and the half-made image removed, as qemu-img removes it."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root (tmpfs mount)")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8M", "tmpfs",
-                    str(mnt)], check=True)
-    try:
-        res = []
-        for tool in (qemu_img, blkimg):
-            cp = run(tool, "create", "-q", "-f", "qcow2", "-o",
-                     "preallocation=" + mode, "x.qcow2", "64M", cwd=str(mnt))
-            res.append((cp.returncode, cp.stdout,
-                        cp.stderr.replace("blkimg:", "qemu-img:"),
-                        sorted(os.listdir(mnt))))
-        assert res[1] == res[0]
-        assert res[0][0] == 1 and res[0][3] == []
-        assert "No space left on device" in res[0][2]
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)])
+    mnt = small_tmpfs("8M")
+    res = []
+    for tool in (qemu_img, blkimg):
+        cp = run(tool, "create", "-q", "-f", "qcow2", "-o",
+                 "preallocation=" + mode, "x.qcow2", "64M", cwd=str(mnt))
+        res.append((cp.returncode, cp.stdout,
+                    cp.stderr.replace("blkimg:", "qemu-img:"),
+                    sorted(os.listdir(mnt))))
+    assert res[1] == res[0]
+    assert res[0][0] == 1 and res[0][3] == []
+    assert "No space left on device" in res[0][2]
 
 
 ERRORS = [
