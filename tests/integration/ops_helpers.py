@@ -145,7 +145,11 @@ def pristine_view(qemu_img, img, tmp_path):
     copied from, which no test modifies)."""
     src = _copied_from[str(img.parent)] / img.name
     if str(src) not in _pristine:
-        _pristine[str(src)] = guest_bytes(qemu_img, src, tmp_path)
+        # kept for the whole run: next to the prebuilt directory (a test's
+        # tmp_path goes when the test passes)
+        views = src.parent.parent / "pristine-views"
+        views.mkdir(exist_ok=True)
+        _pristine[str(src)] = guest_bytes(qemu_img, src, views)
     return _pristine[str(src)]
 
 
