@@ -462,3 +462,15 @@ def build_helper(build_dir, out_dir):
 @pytest.fixture(scope="session")
 def bi_helper(build_dir, tmp_path_factory):
     return build_helper(build_dir, tmp_path_factory.mktemp("helper"))
+
+
+def fill_up(path):
+    """Writes path until the file system is full (out-of-space cases)."""
+    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while True:
+            os.write(fd, b"\1" * 4096)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -10,18 +10,9 @@ import time
 
 import pytest
 
+from storage import fill_up
+
 pytestmark = [pytest.mark.qemu, pytest.mark.root]
-
-
-def fill(path):
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        while True:
-            os.write(fd, b"\1" * 65536)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def test_bitmap_store_fails_at_close(blkimg_io, small_tmpfs):
@@ -34,7 +25,7 @@ def test_bitmap_store_fails_at_close(blkimg_io, small_tmpfs):
                           "sleep 1500", str(img)], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True)
     time.sleep(0.8)
-    fill(mnt / "filler")  # no room left to store the bitmap
+    fill_up(mnt / "filler")  # no room left to store the bitmap
     out, err = p.communicate(timeout=60)
     assert p.returncode == 1
     assert "wrote 1048576/1048576 bytes at offset 0" in out

@@ -18,6 +18,8 @@ import time
 
 import pytest
 
+from storage import fill_up
+
 from test_qcow2_bitmaps import (compare_images, info_bitmaps, make_image,
                                 session, set_flags, sha)
 
@@ -383,13 +385,7 @@ def test_no_space(run, qemu_img, qemu_io, blkimg, tmp_path, small_tmpfs):
     img = str(mnt / "full.qcow2")
     shutil.copy(t, img)
     filler = str(mnt / "filler")
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        while True:
-            os.write(fd, b"\1" * 4096)
-    except OSError:
-        pass
-    os.close(fd)
+    fill_up(filler)
     before = summary(img)
     for args in (["--add", "-g", "512", img, "n"],
                  ["--clear", img, "b0"],

@@ -22,6 +22,8 @@ import time
 
 import pytest
 
+from storage import fill_up
+
 pytestmark = pytest.mark.qemu
 
 BITMAPS_EXT = 0x23852875
@@ -735,13 +737,7 @@ def test_no_space_for_bitmap_update(run, qemu_img, qemu_io, blkimg_io,
     img = str(mnt / "full.qcow2")
     make_image(run, qemu_img, img, "64M", [("b0",), ("b1", "4k")])
     filler = str(mnt / "filler")
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        while True:
-            os.write(fd, b"\1" * 4096)
-    except OSError:
-        pass
-    os.close(fd)
+    fill_up(filler)
     cp = run(blkimg_io, "-c", "write -P 1 0 64k", img)
     assert "write failed" in cp.stdout + cp.stderr, cp.stdout + cp.stderr
     check_clean(run, qemu_img, img)
