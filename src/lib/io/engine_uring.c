@@ -229,42 +229,39 @@ static void to_pool(struct uring *u, struct bi_io *io)
     bi_pool_submit(u->pool, io);
 }
 
+/* A read or a write: one buffer by address (a registered one by its slot),
+ * several by iovec array. */
+static void prep_rw(const struct uring *u, struct io_uring_sqe *sqe,
+                    const struct bi_io *io)
+{
+    bool w = io->op == BI_IO_WRITE;
+    const struct iovec *v = &io->iov[0];
+    int fi;
+
+    if (io->iovcnt != 1 || v->iov_len > UINT32_MAX) {
+        io_uring_prep_rw(w ? IORING_OP_WRITEV : IORING_OP_READV, sqe, io->fd,
+                         io->iov, (unsigned)io->iovcnt, io->offset);
+    } else if ((fi = fixed_index(u, v)) >= 0) {
+        io_uring_prep_rw(w ? IORING_OP_WRITE_FIXED : IORING_OP_READ_FIXED, sqe,
+                         io->fd, v->iov_base, (unsigned)v->iov_len, io->offset);
+        sqe->buf_index = (__u16)fi;
+    } else {
+        io_uring_prep_rw(w ? IORING_OP_WRITE : IORING_OP_READ, sqe, io->fd,
+                         v->iov_base, (unsigned)v->iov_len, io->offset);
+    }
+}
+
 static bool prep(struct uring *u, struct bi_io *io)
 {
     struct io_uring_sqe *sqe = get_sqe(u);
-    int fi;
 
     if (!sqe) {
         return false;
     }
     switch (io->op) {
     case BI_IO_READ:
-        if (io->iovcnt == 1 && io->iov[0].iov_len <= UINT32_MAX &&
-            (fi = fixed_index(u, &io->iov[0])) >= 0) {
-            io_uring_prep_read_fixed(sqe, io->fd, io->iov[0].iov_base,
-                                     (unsigned)io->iov[0].iov_len, io->offset,
-                                     fi);
-        } else if (io->iovcnt == 1 && io->iov[0].iov_len <= UINT32_MAX) {
-            io_uring_prep_read(sqe, io->fd, io->iov[0].iov_base,
-                               (unsigned)io->iov[0].iov_len, io->offset);
-        } else {
-            io_uring_prep_readv(sqe, io->fd, io->iov, (unsigned)io->iovcnt,
-                                io->offset);
-        }
-        break;
     case BI_IO_WRITE:
-        if (io->iovcnt == 1 && io->iov[0].iov_len <= UINT32_MAX &&
-            (fi = fixed_index(u, &io->iov[0])) >= 0) {
-            io_uring_prep_write_fixed(sqe, io->fd, io->iov[0].iov_base,
-                                      (unsigned)io->iov[0].iov_len, io->offset,
-                                      fi);
-        } else if (io->iovcnt == 1 && io->iov[0].iov_len <= UINT32_MAX) {
-            io_uring_prep_write(sqe, io->fd, io->iov[0].iov_base,
-                                (unsigned)io->iov[0].iov_len, io->offset);
-        } else {
-            io_uring_prep_writev(sqe, io->fd, io->iov, (unsigned)io->iovcnt,
-                                 io->offset);
-        }
+        prep_rw(u, sqe, io);
         break;
     case BI_IO_FSYNC:
         io_uring_prep_fsync(sqe, io->fd, IORING_FSYNC_DATASYNC);
