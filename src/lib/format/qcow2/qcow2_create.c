@@ -405,7 +405,6 @@ static int write_image(const char *filename, const struct qc_create *c,
                        bi_error *err)
 {
     uint64_t cs = c->cluster_size;
-    int cb = c->cluster_bits;
     uint64_t l2_entries = cs / (c->ext_l2 ? 16 : 8);
     uint64_t guest_clusters = (c->size + cs - 1) / cs;
     uint64_t l1_size = (guest_clusters + l2_entries - 1) / l2_entries;
@@ -504,7 +503,6 @@ static int write_image(const char *filename, const struct qc_create *c,
     ret = bi_flush(f);
     if (ret < 0)
         goto io_err;
-    BI_UNUSED(cb);
     goto out;
 io_err:
     qc_error(err, ret, "Could not write qcow2 header: %s", strerror(-ret));
