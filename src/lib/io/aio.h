@@ -24,6 +24,10 @@ int64_t bi_io_run(struct bi_io *io);
 bool bi_io_buf_register(void *base, size_t len);
 void bi_io_buf_unregister(void *base);
 
+/* Runs fn(args[i]) for each i < n on worker threads at once and waits for
+ * all of them (the caller's coroutine yields; outside one the loop runs).
+ * Returns the first nonzero result in index order, or 0. */
+int bi_run_in_threads(int (*fn)(void *), void *const *args, int n);
 /* One loop iteration: enters woken coroutines, polls the engine (waiting
  * for an event if blocking and something is in flight). Returns the number
  * of things done. */

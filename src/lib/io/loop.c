@@ -215,6 +215,48 @@ int bi_run_in_thread(int (*fn)(void *), void *arg)
     return (int)bi_io_run(&io);
 }
 
+struct fan_in {
+    bi_co *co;
+    int left;
+};
+
+static void fan_done(struct bi_io *io)
+{
+    struct fan_in *f = io->opaque;
+    if (--f->left == 0 && f->co)
+        bi_co_wake(f->co);
+}
+
+int bi_run_in_threads(int (*fn)(void *), void *const *args, int n)
+{
+    if (n == 1)
+        return bi_run_in_thread(fn, args[0]);
+    struct bi_engine *e = bi_engine_get();
+    struct bi_io *io = calloc((size_t)n, sizeof(*io));
+    if (!io)
+        return -ENOMEM;
+    struct fan_in f = {.co = bi_co_self(), .left = n};
+    for (int i = 0; i < n; i++) {
+        io[i] = (struct bi_io){.op = BI_IO_WORK,
+                               .work_fn = fn,
+                               .work_arg = args[i],
+                               .cb = fan_done,
+                               .opaque = &f};
+        e->ops->submit(e, &io[i]);
+    }
+    while (f.left) {
+        if (f.co)
+            bi_co_yield();
+        else
+            bi_loop_run_once(true);
+    }
+    int ret = 0;
+    for (int i = 0; i < n && !ret; i++)
+        ret = (int)io[i].ret;
+    free(io);
+    return ret;
+}
+
 /* ---------------------------------------------------------------- bi_run_co */
 
 struct run_co {
