@@ -213,6 +213,66 @@ def test_write_compressed_file_identical(run, qemu_img, qemu_io, blkimg_io,
     assert files[1] == files[0]
 
 
+@pytest.mark.parametrize("csize", ["64k", "4k"])
+def test_write_compressed_many_clusters(run, qemu_img, qemu_io, blkimg_io,
+                                        tmp_path, csize):
+    """One compressed write of many clusters (compressed at once, in
+    slices): every cluster is stored compressed, in guest order, and QEMU
+    reads what qemu-io's copy holds."""
+    cmds = ["write -c -P 5 0 3M", "write -c -P 6 4M 64k",
+            "write -c -P 7 8M 1M"]
+    imgs = []
+    for tool, name in ((qemu_io, "q.qcow2"), (blkimg_io, "b.qcow2")):
+        img = str(tmp_path / name)
+        run(qemu_img, "create", "-q", "-f", "qcow2", "-o",
+            "cluster_size=" + csize, img, "16M", check=True)
+        apply(run, tool, img, cmds)
+        imgs.append(img)
+    res = qemu_check_clean(run, qemu_img, imgs[1])
+    assert res["compressed-clusters"] == res["allocated-clusters"] > 0
+    assert raw_of(run, qemu_img, imgs[1], tmp_path) == \
+        raw_of(run, qemu_img, imgs[0], tmp_path)
+    # guest order: the host offsets in the first L2 table only grow
+    with open(imgs[1], "rb") as f:
+        data = f.read()
+    cbits = {"64k": 16, "4k": 12}[csize]
+    l1_off = int.from_bytes(data[40:48], "big")
+    l2_off = int.from_bytes(data[l1_off:l1_off + 8], "big") & ((1 << 56) - 512)
+    hosts = []
+    for i in range(min((3 << 20) >> cbits, (1 << cbits) // 8)):
+        e = int.from_bytes(data[l2_off + 8 * i:l2_off + 8 * i + 8], "big")
+        assert e & (1 << 62), "cluster %d not compressed" % i
+        hosts.append(e & ((1 << (62 - (cbits - 8))) - 1))
+    assert hosts == sorted(hosts)
+
+
+def test_write_compressed_refuses_overwrite(run, qemu_img, qemu_io,
+                                           blkimg_io, tmp_path):
+    """As QEMU: compressed data never overwrites an allocated cluster (EIO);
+    the clusters before the refused one are written. A length that is not
+    whole clusters is refused before anything is written."""
+    outs, maps = [], []
+    for tool, name in ((qemu_io, "q.qcow2"), (blkimg_io, "b.qcow2")):
+        img = str(tmp_path / name)
+        run(qemu_img, "create", "-q", "-f", "qcow2", img, "16M", check=True)
+        cp = run(tool, "-f", "qcow2", "-c", "write -P 2 1M 64k",
+                 "-c", "write -c -P 3 0 2M", "-c", "write -c -P 4 4M 96k",
+                 img)
+        outs.append([ln for ln in cp.stdout.splitlines()
+                     if "failed" in ln])
+        qemu_check_clean(run, qemu_img, img)
+        m = json.loads(run(qemu_img, "map", "--output=json", img).stdout)
+        maps.append([(e["start"], e["data"]) for e in m
+                     if e["start"] < (1 << 20)])
+        data = raw_of(run, qemu_img, img, tmp_path)
+        assert data[:1 << 20] == b"\x03" * (1 << 20)
+        assert data[1 << 20:(1 << 20) + 65536] == b"\x02" * 65536
+        assert data[4 << 20:(4 << 20) + 98304] == bytes(98304)
+    assert outs[1] == outs[0] == ["write failed: Input/output error",
+                                  "write failed: Invalid argument"]
+    assert maps[1] == maps[0]
+
+
 def test_concurrent_overlapping_allocating_writes(run, qemu_img, qemu_io,
                                                   blkimg_io, tmp_path):
     """Many allocating writes in flight that share clusters: writes to

@@ -102,7 +102,9 @@ struct bi_driver {
     int (*co_read_compressed)(bi_node *n, const struct bi_extent *ext,
                               uint64_t off, uint64_t len,
                               const struct iovec *iov, int iovcnt);
-    /* Writes one whole cluster compressed (or the tail cluster). */
+    /* Writes whole clusters compressed (the last may be the image's tail
+     * cluster); off is cluster-aligned. len 0 ends the compressed stream
+     * (the file end goes to a sector boundary). */
     int (*co_pwrite_compressed)(bi_node *n, uint64_t off, const void *buf,
                                 uint64_t len);
     /* Serialisation granularity for writes (formats; 0 = none). */
@@ -199,7 +201,7 @@ int bi_co_pdiscard(bi_node *n, uint64_t off, uint64_t len);
 int bi_co_flush(bi_node *n);
 int bi_co_block_status(bi_node *n, uint64_t off, uint64_t len,
                        struct bi_status *st);
-/* Writes a compressed cluster through the format driver. */
+/* Writes clusters compressed through the format driver. */
 int bi_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
                             uint64_t len);
 

@@ -5,6 +5,7 @@
  * request where free space allows, COW head/tail handed to the generic
  * layer), zero writes, discard and growth.
  */
+#include "io/aio.h"
 #include "qcow2.h"
 #include "util/util.h"
 #include <endian.h>
@@ -12,6 +13,7 @@
 #include <inttypes.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* Longest allocation run handed out by one co_map(BI_MAP_WRITE). */
 #define QC_MAX_ALLOC_BYTES (64ULL << 20)
@@ -1158,20 +1160,67 @@ int qcow2_co_pdiscard(bi_node *n, uint64_t off, uint64_t len)
 
 /* ------------------------------------------------------- compressed write */
 
-struct comp_job {
+/* A compressed write is done a slice of clusters at a time: the slice's
+ * clusters are compressed at once on several threads, then host space is
+ * taken for them in guest order (one ticket per slice, in arrival order,
+ * so concurrent callers' slices are laid out in the order they came), then
+ * host-contiguous pieces go out in one write each, then the L2 entries. */
+#define COMP_SLICE_BYTES (1u << 20)
+#define COMP_JOBS_MAX 16
+#define COMP_IOV_MAX 256
+
+struct comp_batch {
     int type;
-    const void *src;
-    size_t slen;
-    void *dst;
-    size_t dlen;
-    long out;
+    uint64_t cs;
+    const uint8_t *buf;  /* the caller's clusters */
+    const uint8_t *last; /* the last cluster padded with zeroes, or NULL */
+    unsigned k;          /* clusters */
+    uint8_t *dst;        /* k * cs: compressed cluster i at i * cs */
+    long *out;           /* compressed size of cluster i, or -errno */
 };
+
+struct comp_job {
+    struct comp_batch *b;
+    unsigned first, end;
+};
+
+static const uint8_t *comp_src(const struct comp_batch *b, unsigned i)
+{
+    return (i == b->k - 1 && b->last) ? b->last : b->buf + i * b->cs;
+}
 
 static int comp_fn(void *arg)
 {
     struct comp_job *j = arg;
-    j->out = qc_compress(j->type, j->src, j->slen, j->dst, j->dlen);
-    return j->out < 0 ? (int)j->out : 0;
+    struct comp_batch *b = j->b;
+    for (unsigned i = j->first; i < j->end; i++)
+        b->out[i] = qc_compress(b->type, comp_src(b, i), b->cs,
+                                b->dst + i * b->cs, b->cs - 1);
+    return 0;
+}
+
+static int comp_jobs(void)
+{
+    static int n;
+    if (!n) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        n = (int)BI_MAX(1, BI_MIN(c, COMP_JOBS_MAX));
+    }
+    return n;
+}
+
+/* Compresses every cluster of the batch, on up to comp_jobs() threads. */
+static int comp_run(struct comp_batch *b)
+{
+    int nj = (int)BI_MIN((unsigned)comp_jobs(), b->k);
+    struct comp_job jobs[COMP_JOBS_MAX];
+    void *args[COMP_JOBS_MAX];
+    for (int j = 0; j < nj; j++) {
+        jobs[j] = (struct comp_job){b, (unsigned)((uint64_t)b->k * j / nj),
+                                    (unsigned)((uint64_t)b->k * (j + 1) / nj)};
+        args[j] = &jobs[j];
+    }
+    return bi_run_in_threads(comp_fn, args, nj);
 }
 
 static void comp_turn_wait(qcow2_state *s, uint64_t ticket)
@@ -1186,12 +1235,192 @@ static void comp_turn_pass(qcow2_state *s)
     bi_co_queue_wake_all(&s->comp_wait);
 }
 
+/* One cluster of a slice, once host space is taken: compressed bytes at
+ * host, or (did not compress) an ordinary allocating write mapped in ext. */
+struct comp_piece {
+    uint64_t goff;
+    bool plain;
+    bool mapped;
+    uint64_t host, total; /* bytes written at host */
+    bi_node *node;
+    uint64_t csize;
+    struct bi_extent ext;
+    struct iovec iov[3];
+    int cnt;
+    int ret;
+};
+
+/* Takes host space for cluster i (the caller has the turn). */
+static int comp_place(bi_node *n, const struct comp_batch *b, unsigned i,
+                      uint64_t off, struct comp_piece *p)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t cs = b->cs;
+    uint64_t glen = BI_MIN(cs, n->size - off);
+    int ret;
+    p->goff = off;
+    if (b->out[i] == -ENOSPC) {
+        /* does not compress: stored as ordinary data */
+        p->plain = true;
+        ret = qcow2_co_map(n, off, glen, BI_MAP_WRITE, &p->ext);
+        if (ret < 0)
+            return ret;
+        p->mapped = true;
+        p->node = p->ext.host;
+        p->host = p->ext.host_offset - p->ext.cow_head_len;
+        if (p->ext.cow_head_len)
+            p->iov[p->cnt++] =
+                (struct iovec){p->ext.cow_head, p->ext.cow_head_len};
+        p->iov[p->cnt++] = (struct iovec){(void *)comp_src(b, i), p->ext.len};
+        if (p->ext.cow_tail_len)
+            p->iov[p->cnt++] =
+                (struct iovec){p->ext.cow_tail, p->ext.cow_tail_len};
+        p->total = p->ext.cow_head_len + p->ext.len + p->ext.cow_tail_len;
+        return 0;
+    }
+    if (b->out[i] < 0)
+        return (int)b->out[i];
+    p->csize = (uint64_t)b->out[i];
+    bi_co_mutex_lock(&s->lock);
+    ret = qc_before_write(n);
+    if (ret == 0)
+        ret = qc_bitmaps_mark(n, off, glen);
+    if (ret == 0) {
+        /* as QEMU: the L2 table (allocated if missing) before the bytes,
+         * so the file is laid out as qemu-img lays it out */
+        void *t0;
+        uint64_t i0, e, bm;
+        ret = qc_get_l2_table(n, off, true, &t0, &i0);
+        if (ret == 0) {
+            /* as QEMU: compressed data never overwrites a cluster */
+            qc_get_l2(s, t0, i0, &e, &bm);
+            if (e & L2E_OFFSET_MASK)
+                ret = -EIO;
+            qc_cache_put(&s->l2_cache, t0);
+        }
+    }
+    int64_t host = ret < 0 ? ret : qc_alloc_bytes(n, p->csize);
+    if (host < 0) {
+        bi_co_mutex_unlock(&s->lock);
+        return (int)host;
+    }
+    p->mapped = true;
+    p->node = n->file;
+    p->host = (uint64_t)host;
+    p->total = p->csize;
+    p->iov[p->cnt++] = (struct iovec){b->dst + i * cs, p->csize};
+    ret = qc_check_overlap(n, 0, p->host, p->csize);
+    bi_co_mutex_unlock(&s->lock);
+    return ret;
+}
+
+/* Commits a placed piece (its bytes written with result p->ret), or
+ * gives its host space back if they were not. */
+static int comp_finish(bi_node *n, struct comp_piece *p)
+{
+    qcow2_state *s = n->opaque;
+    if (p->plain)
+        return qcow2_co_write_done(n, &p->ext, p->ret);
+    uint64_t nsec = ((p->host + p->csize - 1) >> 9) - (p->host >> 9);
+    int ret = p->ret;
+    bi_co_mutex_lock(&s->lock);
+    if (ret < 0) {
+        qc_update_refcount(n, p->host & ~511ULL, (nsec + 1) * 512, -1);
+        bi_co_mutex_unlock(&s->lock);
+        return ret;
+    }
+    void *table;
+    uint64_t idx;
+    ret = qc_get_l2_table(n, p->goff, true, &table, &idx);
+    if (ret == 0) {
+        /* the entry held no cluster (comp_place): nothing to free */
+        uint64_t ne =
+            p->host | (nsec << s->csize_shift) | QCOW_OFLAG_COMPRESSED;
+        qc_set_l2(s, table, idx, ne, 0);
+        qc_cache_mark_dirty(&s->l2_cache, table);
+        qc_cache_put(&s->l2_cache, table);
+    }
+    bi_co_mutex_unlock(&s->lock);
+    return ret;
+}
+
+/* Writes the placed pieces, host-contiguous runs in one request each. */
+static void comp_write(struct comp_piece *pc, unsigned k)
+{
+    struct iovec iov[COMP_IOV_MAX];
+    for (unsigned i = 0; i < k;) {
+        unsigned j = i;
+        int cnt = 0;
+        uint64_t total = 0;
+        while (j < k && pc[j].node == pc[i].node &&
+               pc[j].host == pc[i].host + total &&
+               cnt + pc[j].cnt <= COMP_IOV_MAX) {
+            memcpy(iov + cnt, pc[j].iov, sizeof(iov[0]) * (size_t)pc[j].cnt);
+            cnt += pc[j].cnt;
+            total += pc[j].total;
+            j++;
+        }
+        int ret = bi_co_pwritev(pc[i].node, pc[i].host, total, iov, cnt, 0);
+        for (; i < j; i++)
+            pc[i].ret = ret;
+    }
+}
+
+static int comp_slice(bi_node *n, uint64_t off, const uint8_t *buf,
+                      uint64_t len)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t cs = s->cluster_size;
+    unsigned k = (unsigned)((len + cs - 1) / cs);
+    struct comp_batch b = {
+        .type = (int)s->compression_type, .cs = cs, .buf = buf, .k = k};
+    uint8_t *last = NULL;
+    struct comp_piece *pc = calloc(k, sizeof(*pc));
+    b.out = calloc(k, sizeof(*b.out));
+    b.dst = bi_blockalign(n->file, (size_t)k * cs);
+    if (len % cs) {
+        last = bi_blockalign(n->file, cs);
+        if (last) {
+            memset(last, 0, cs);
+            memcpy(last, buf + (k - 1) * cs, len % cs);
+        }
+        b.last = last;
+    }
+    int ret = -ENOMEM;
+    uint64_t ticket = s->comp_ticket++;
+    if (pc && b.out && b.dst && (last || !(len % cs)))
+        ret = comp_run(&b);
+    comp_turn_wait(s, ticket);
+    unsigned placed = 0;
+    while (ret == 0 && placed < k) {
+        ret = comp_place(n, &b, placed, off + placed * cs, &pc[placed]);
+        if (ret == 0)
+            placed++;
+    }
+    comp_turn_pass(s); /* the next slice is placed while this one writes */
+    if (ret < 0 && pc && placed < k && pc[placed].mapped) {
+        pc[placed].ret = ret; /* half placed: give its space back */
+        comp_finish(n, &pc[placed]);
+    }
+    /* as QEMU, the clusters before one that fails are still written */
+    comp_write(pc, placed);
+    for (unsigned i = 0; i < placed; i++) {
+        int r = comp_finish(n, &pc[i]);
+        if (r < 0 && ret == 0)
+            ret = r;
+    }
+    bi_free_aligned(last);
+    bi_free_aligned(b.dst);
+    free(b.out);
+    free(pc);
+    return ret;
+}
+
 int qcow2_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
                                uint64_t len)
 {
     qcow2_state *s = n->opaque;
     uint64_t cs = s->cluster_size;
-    int ret;
     if (s->read_only)
         return -EROFS;
     if (qc_has_data_file(s))
@@ -1211,87 +1440,18 @@ int qcow2_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
         return bi_truncate(n->file, bi_align_up((uint64_t)flen, 512), false,
                            BI_PREALLOC_OFF, &e);
     }
-    if (len > cs || (len < cs && off + len != n->size))
+    if ((len % cs) && off + len != n->size)
         return -EINVAL;
-    uint8_t *src = bi_blockalign(n->file, cs);
-    uint8_t *dst = bi_blockalign(n->file, cs);
-    if (!src || !dst) {
-        bi_free_aligned(src);
-        bi_free_aligned(dst);
-        return -ENOMEM;
+    /* whole clusters per slice, at least one */
+    uint64_t slice = BI_MAX(cs, bi_align_down(COMP_SLICE_BYTES, cs));
+    for (uint64_t done = 0; done < len;) {
+        uint64_t l = BI_MIN(slice, len - done);
+        int ret = comp_slice(n, off + done, (const uint8_t *)buf + done, l);
+        if (ret < 0)
+            return ret;
+        done += l;
     }
-    memset(src, 0, cs);
-    memcpy(src, buf, len);
-    /* Compression runs in parallel; host space is taken in arrival order
-     * (convert -c issues clusters in guest order: the file is laid out as
-     * qemu-img lays it out, and reads back sequentially). */
-    uint64_t ticket = s->comp_ticket++;
-    bool passed = false;
-    struct comp_job j = {(int)s->compression_type, src, cs, dst, cs - 1, 0};
-    ret = bi_run_in_thread(comp_fn, &j);
-    comp_turn_wait(s, ticket);
-    if (ret == -ENOSPC) {
-        /* does not compress: store the cluster as ordinary data */
-        ret = qc_write_buf(n, off, src, BI_MIN(cs, n->size - off));
-        goto out;
-    }
-    if (ret < 0)
-        goto out;
-    uint64_t csize = (uint64_t)j.out;
-
-    bi_co_mutex_lock(&s->lock);
-    ret = qc_before_write(n);
-    if (ret == 0)
-        ret = qc_bitmaps_mark(n, off, len);
-    if (ret == 0) {
-        /* as QEMU: the L2 table (allocated if missing) before the bytes,
-         * so the file is laid out as qemu-img lays it out */
-        void *t0;
-        uint64_t i0;
-        ret = qc_get_l2_table(n, off, true, &t0, &i0);
-        if (ret == 0)
-            qc_cache_put(&s->l2_cache, t0);
-    }
-    int64_t host = ret < 0 ? ret : qc_alloc_bytes(n, csize);
-    if (host < 0) {
-        ret = (int)host;
-        bi_co_mutex_unlock(&s->lock);
-        goto out;
-    }
-    ret = qc_check_overlap(n, 0, (uint64_t)host, csize);
-    bi_co_mutex_unlock(&s->lock);
-    comp_turn_pass(s); /* the next one allocates while this one writes */
-    passed = true;
-    if (ret == 0)
-        ret = bi_co_pwrite(n->file, (uint64_t)host, dst, csize, 0);
-    bi_co_mutex_lock(&s->lock);
-    uint64_t nsec = (((uint64_t)host + csize - 1) >> 9) - ((uint64_t)host >> 9);
-    if (ret < 0) {
-        qc_update_refcount(n, (uint64_t)host & ~511ULL, (nsec + 1) * 512, -1);
-        bi_co_mutex_unlock(&s->lock);
-        goto out;
-    }
-    void *table;
-    uint64_t idx;
-    ret = qc_get_l2_table(n, off, true, &table, &idx);
-    if (ret == 0) {
-        uint64_t e, b;
-        qc_get_l2(s, table, idx, &e, &b);
-        uint64_t ne =
-            (uint64_t)host | (nsec << s->csize_shift) | QCOW_OFLAG_COMPRESSED;
-        qc_set_l2(s, table, idx, ne, 0);
-        qc_cache_mark_dirty(&s->l2_cache, table);
-        qc_cache_put(&s->l2_cache, table);
-        if ((e & QCOW_OFLAG_COMPRESSED) || entry_host(s, e))
-            qc_free_l2_entry_clusters(n, e);
-    }
-    bi_co_mutex_unlock(&s->lock);
-out:
-    if (!passed)
-        comp_turn_pass(s);
-    bi_free_aligned(src);
-    bi_free_aligned(dst);
-    return ret;
+    return 0;
 }
 
 /* ------------------------------------------------------------- truncate */
