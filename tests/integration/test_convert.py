@@ -420,6 +420,39 @@ def test_compressed_file_identical_to_qemu(qemu_img, blkimg, tmp_path, opts):
     assert len(outs[1]) % 512 == 0
 
 
+@pytest.mark.parametrize("opts", [[], ["-S", "0"], ["-o", "cluster_size=4k"],
+                                  ["-t", "none", "-o", "compression_type=zstd"]],
+                         ids=lambda o: " ".join(o) or "default")
+def test_compressed_interleaved_identical_to_qemu(qemu_img, blkimg, tmp_path,
+                                                  opts):
+    """-c moves several clusters a chunk (compressed at once): clusters that
+    compress, that do not, and that hold zeroes, interleaved inside every
+    chunk and ending in a partial cluster, give qemu-img's file byte for
+    byte, and its progress lines."""
+    src = tmp_path / "inter.raw"
+    with open(src, "wb") as f:
+        for i in range(6 * 16):  # 6 MiB in 64 KiB pieces
+            kind = (i * 7 + i // 5) % 4
+            if kind == 0:
+                f.write((b"text %d " % i * 9000)[:65536])
+            elif kind == 1:
+                f.write(os.urandom(65536))  # does not compress
+            elif kind == 2:
+                f.write(bytes(65536))
+            else:
+                f.write(os.urandom(8192) + bytes([i % 251]) * 57344)
+        f.write(b"tail" * 384)  # ends 1536 bytes into a cluster
+    outs = []
+    for tool, name in ((qemu_img, "q.qcow2"), (blkimg, "b.qcow2")):
+        out = tmp_path / name
+        cp = subprocess.run([tool, "convert", "-p", "-c", "-O", "qcow2"] +
+                            opts + [src, out], capture_output=True)
+        assert cp.returncode == 0, cp.stderr
+        outs.append((cp.stdout, out.read_bytes()))
+    assert outs[1][0] == outs[0][0]
+    assert outs[1][1] == outs[0][1]
+
+
 def test_backing_target_writes_only_top(qemu_img, blkimg, tmp_path):
     """-B/-F: what is unallocated above the source's backing file stays
     unallocated in the target."""

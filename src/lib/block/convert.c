@@ -34,6 +34,7 @@
 #define DEFAULT_BUF (2ULL * 1024 * 1024)
 #define MAX_BUF (16ULL * 1024 * 1024)
 #define MAX_COROUTINES 16
+#define COMPRESS_CHUNK (1ULL << 20) /* bytes a -c chunk holds at most */
 
 /* CK_DISCARD and CK_DIFF: commit and rebase only (see bi_copy_mode). */
 enum chunk_kind { CK_DATA, CK_ZERO, CK_BACKING, CK_DISCARD, CK_DIFF };
@@ -803,20 +804,50 @@ static void end_turn(struct cv_state *s, struct chunk *ch)
     }
 }
 
+/* As qemu-img: a cluster of zeroes (-S) is not written compressed but left
+ * alone on a target that reads as zeroes, zeroed otherwise; runs of the
+ * other clusters go to the driver at once (compressed in parallel). */
+static int write_compressed(struct cv_state *s, struct chunk *ch,
+                            const uint8_t *buf)
+{
+    uint64_t done = 0, len = ch->len;
+    while (done < len) {
+        uint64_t run = 0;
+        bool zero = false;
+        while (done + run < len) {
+            uint64_t l = BI_MIN(s->cluster, len - done - run);
+            bool z = s->min_sparse && bi_buf_is_zero(buf + done + run, l);
+            if (run && z != zero) {
+                break;
+            }
+            zero = z;
+            run += l;
+        }
+        uint64_t off = ch->off + done;
+        int ret = 0;
+        if (!zero) {
+            before_op(s, ch, off + run);
+            ret = bi_co_pwrite_compressed(s->dst, off, buf + done, run);
+            if (ret < 0) {
+                set_error(s, ret, EK_WRITE, off);
+            }
+        } else if (!s->has_zero_init) {
+            ret = co_zero(s, ch, off, run);
+        }
+        if (ret < 0) {
+            return ret;
+        }
+        done += run;
+    }
+    return 0;
+}
+
 static int write_data(struct cv_state *s, struct chunk *ch, const uint8_t *buf)
 {
     uint64_t off = ch->off, len = ch->len;
 
     if (s->o->compress) {
-        if (s->min_sparse && bi_buf_is_zero(buf, len)) {
-            return s->has_zero_init ? 0 : co_zero(s, ch, off, len);
-        }
-        before_op(s, ch, off + len);
-        int ret = bi_co_pwrite_compressed(s->dst, off, buf, len);
-        if (ret < 0) {
-            set_error(s, ret, EK_WRITE, off);
-        }
-        return ret;
+        return write_compressed(s, ch, buf);
     }
     if (!s->min_sparse) {
         return co_write(s, ch, off, len, buf);
@@ -999,11 +1030,15 @@ static void report(struct cv_state *s, uint64_t len, bool counted)
     if (counted && s->o->step) {
         s->o->step(s->o->step_opaque);
     }
-    if (counted) {
-        s->done += len;
-        if (s->o->progress && s->alloc_total) {
-            s->o->progress(s->o->progress_opaque, s->done, s->alloc_total);
-        }
+    if (!counted || !s->o->progress || !s->alloc_total) {
+        s->done += counted ? len : 0;
+        return;
+    }
+    /* -c: qemu-img's chunks are one cluster each, and so are its steps */
+    uint64_t step = s->o->compress ? s->cluster : len;
+    for (uint64_t d = 0; d < len; d += step) {
+        s->done += BI_MIN(step, len - d);
+        s->o->progress(s->o->progress_opaque, s->done, s->alloc_total);
     }
 }
 
@@ -1352,7 +1387,9 @@ int bi_convert(const struct bi_convert_opts *o, bi_error *err)
             ret = -EINVAL;
             goto out;
         }
-        s.buf_size = s.cluster;
+        /* several clusters a chunk: the driver compresses them at once */
+        s.buf_size =
+            BI_MAX(s.cluster, bi_align_down(COMPRESS_CHUNK, s.cluster));
     } else {
         s.buf_size = BI_MAX(s.buf_size, s.cluster);
         s.buf_size = BI_MIN(s.buf_size, MAX_BUF);
