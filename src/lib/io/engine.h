@@ -32,6 +32,7 @@ struct bi_io {
     uint64_t offset;
     uint64_t len;              /* FALLOCATE */
     int mode;                  /* FALLOCATE mode */
+    bool cached;               /* READ/WRITE: fd goes through the page cache */
     int (*work_fn)(void *arg); /* WORK; returns 0 or -errno */
     void *work_arg;
     /* Result: bytes transferred (READ/WRITE) or 0, or -errno. Short

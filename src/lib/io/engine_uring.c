@@ -24,6 +24,17 @@
 #define REAP_BATCH 64
 /* Slots for registered buffers (a sparse table, registered on first use). */
 #define FIXED_SLOTS 64
+/* Reads through the page cache from this size on go to the pool, as with
+ * QEMU's aio=threads: a blocking read asks the kernel for its whole range
+ * at once (readahead grows to the request), and the copies run on every
+ * core. From the ring, a read that misses the cache starts only the
+ * device's readahead window and its copy runs in this thread. Measured on
+ * convert qcow2 -> qcow2, 2 GiB, default cache, 7 interleaved runs: ring
+ * 1.04 s median (0.54 to 1.54), pool 0.57 s (0.50 to 0.76), qemu-img 0.66
+ * to 0.73 s. Writes stay on the ring: io-wq runs those of one file in one
+ * worker, where pool threads would queue on the inode lock. Smaller cached
+ * reads stay on the ring too: from a warm cache they complete inline. */
+#define POOL_CACHED_MIN (256u << 10)
 
 struct fixed_buf {
     char *base; /* NULL: free slot */
@@ -278,12 +289,24 @@ static bool prep(struct uring *u, struct bi_io *io)
     return true;
 }
 
+static bool to_pool_cached(const struct bi_io *io)
+{
+    if (!io->cached || io->op != BI_IO_READ) {
+        return false;
+    }
+    size_t len = 0;
+    for (int i = 0; i < io->iovcnt && len < POOL_CACHED_MIN; i++) {
+        len += io->iov[i].iov_len;
+    }
+    return len >= POOL_CACHED_MIN;
+}
+
 static void uring_submit(struct bi_engine *e, struct bi_io *io)
 {
     struct uring *u = e->priv;
 
     e->in_flight++;
-    if (io->op == BI_IO_WORK ||
+    if (io->op == BI_IO_WORK || to_pool_cached(io) ||
         (io->op == BI_IO_FALLOCATE && !u->fallocate_ok)) {
         to_pool(u, io);
         return;

@@ -372,6 +372,7 @@ static int file_transfer(bi_node *n, bool write, uint64_t off, uint64_t len,
         memset(&io, 0, sizeof(io));
         io.op = write ? BI_IO_WRITE : BI_IO_READ;
         io.fd = s->fd;
+        io.cached = !s->direct;
         io.iov = cur;
         io.iovcnt = curcnt;
         io.offset = off + done;
