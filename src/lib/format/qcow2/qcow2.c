@@ -804,6 +804,7 @@ static void qcow2_free_state(bi_node *n)
         return;
     qc_cache_destroy(&s->l2_cache);
     qc_cache_destroy(&s->rb_cache);
+    qc_comp_bufs_free(s);
     free(s->l1_table);
     s->l1_table = NULL;
     free(s->refcount_table);

@@ -1366,6 +1366,35 @@ static void comp_write(struct comp_piece *pc, unsigned k)
     }
 }
 
+static uint64_t comp_slice_bytes(const qcow2_state *s)
+{
+    return BI_MAX(s->cluster_size,
+                  bi_align_down(COMP_SLICE_BYTES, s->cluster_size));
+}
+
+void qc_comp_bufs_free(qcow2_state *s)
+{
+    while (s->n_comp_bufs)
+        bi_free_aligned(s->comp_bufs[--s->n_comp_bufs]);
+}
+
+/* An output buffer for a slice: a kept one, or a new one. */
+static uint8_t *comp_buf_get(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
+    if (s->n_comp_bufs)
+        return s->comp_bufs[--s->n_comp_bufs];
+    return bi_blockalign(n->file, comp_slice_bytes(s));
+}
+
+static void comp_buf_put(qcow2_state *s, uint8_t *p)
+{
+    if (p && s->n_comp_bufs < QC_COMP_BUFS_KEEP)
+        s->comp_bufs[s->n_comp_bufs++] = p;
+    else
+        bi_free_aligned(p);
+}
+
 static int comp_slice(bi_node *n, uint64_t off, const uint8_t *buf,
                       uint64_t len)
 {
@@ -1377,7 +1406,7 @@ static int comp_slice(bi_node *n, uint64_t off, const uint8_t *buf,
     uint8_t *last = NULL;
     struct comp_piece *pc = calloc(k, sizeof(*pc));
     b.out = calloc(k, sizeof(*b.out));
-    b.dst = bi_blockalign(n->file, (size_t)k * cs);
+    b.dst = comp_buf_get(n);
     if (len % cs) {
         last = bi_blockalign(n->file, cs);
         if (last) {
@@ -1410,7 +1439,7 @@ static int comp_slice(bi_node *n, uint64_t off, const uint8_t *buf,
             ret = r;
     }
     bi_free_aligned(last);
-    bi_free_aligned(b.dst);
+    comp_buf_put(s, b.dst);
     free(b.out);
     free(pc);
     return ret;
@@ -1442,8 +1471,7 @@ int qcow2_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
     }
     if ((len % cs) && off + len != n->size)
         return -EINVAL;
-    /* whole clusters per slice, at least one */
-    uint64_t slice = BI_MAX(cs, bi_align_down(COMP_SLICE_BYTES, cs));
+    uint64_t slice = comp_slice_bytes(s); /* whole clusters, at least one */
     for (uint64_t done = 0; done < len;) {
         uint64_t l = BI_MIN(slice, len - done);
         int ret = comp_slice(n, off + done, (const uint8_t *)buf + done, l);
