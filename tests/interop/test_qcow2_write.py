@@ -194,6 +194,20 @@ def test_write_compressed(run, qemu_img, qemu_io, blkimg_io, tmp_path):
                                   "read -P 9 1048676 65436"])
 
 
+def new_images_both(run, qemu_img, qemu_io, blkimg_io, tmp_path, opts, size,
+                    cmds):
+    """Creates a qcow2 image (-o opts) for qemu-io and one for blkimg-io,
+    applies cmds with each tool; returns [qemu-io's, blkimg-io's]."""
+    imgs = []
+    for tool, name in ((qemu_io, "q.qcow2"), (blkimg_io, "b.qcow2")):
+        img = str(tmp_path / name)
+        run(qemu_img, "create", "-q", "-f", "qcow2", "-o", opts, img, size,
+            check=True)
+        apply(run, tool, img, cmds)
+        imgs.append(img)
+    return imgs
+
+
 @pytest.mark.parametrize("ctype", ["zlib", "zstd"])
 def test_write_compressed_file_identical(run, qemu_img, qemu_io, blkimg_io,
                                          tmp_path, ctype):
@@ -203,11 +217,8 @@ def test_write_compressed_file_identical(run, qemu_img, qemu_io, blkimg_io,
     cmds = ["write -c -P 7 0 64k", "write -c -P 8 64k 64k",
             "write -c -P 9 10M 64k", "write -c -P 10 3M 64k"]
     files = []
-    for tool, name in ((qemu_io, "q.qcow2"), (blkimg_io, "b.qcow2")):
-        img = str(tmp_path / name)
-        run(qemu_img, "create", "-q", "-f", "qcow2", "-o",
-            "compression_type=" + ctype, img, "64M", check=True)
-        apply(run, tool, img, cmds)
+    for img in new_images_both(run, qemu_img, qemu_io, blkimg_io, tmp_path,
+                               "compression_type=" + ctype, "64M", cmds):
         with open(img, "rb") as f:
             files.append(f.read())
     assert files[1] == files[0]
@@ -221,13 +232,8 @@ def test_write_compressed_many_clusters(run, qemu_img, qemu_io, blkimg_io,
     reads what qemu-io's copy holds."""
     cmds = ["write -c -P 5 0 3M", "write -c -P 6 4M 64k",
             "write -c -P 7 8M 1M"]
-    imgs = []
-    for tool, name in ((qemu_io, "q.qcow2"), (blkimg_io, "b.qcow2")):
-        img = str(tmp_path / name)
-        run(qemu_img, "create", "-q", "-f", "qcow2", "-o",
-            "cluster_size=" + csize, img, "16M", check=True)
-        apply(run, tool, img, cmds)
-        imgs.append(img)
+    imgs = new_images_both(run, qemu_img, qemu_io, blkimg_io, tmp_path,
+                           "cluster_size=" + csize, "16M", cmds)
     res = qemu_check_clean(run, qemu_img, imgs[1])
     assert res["compressed-clusters"] == res["allocated-clusters"] > 0
     assert raw_of(run, qemu_img, imgs[1], tmp_path) == \
