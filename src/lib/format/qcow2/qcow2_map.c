@@ -11,6 +11,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -1199,11 +1200,15 @@ static int comp_fn(void *arg)
     return 0;
 }
 
+/* Jobs a slice is cut into: the CPUs this process may run on. */
 static int comp_jobs(void)
 {
     static int n;
     if (!n) {
-        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        cpu_set_t set;
+        long c = sched_getaffinity(0, sizeof(set), &set) == 0
+                     ? CPU_COUNT(&set)
+                     : sysconf(_SC_NPROCESSORS_ONLN);
         n = (int)BI_MAX(1, BI_MIN(c, COMP_JOBS_MAX));
     }
     return n;
