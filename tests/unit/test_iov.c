@@ -4,6 +4,7 @@
 #include "util/util.h"
 
 #include <errno.h>
+#include <stdio.h>
 
 static void fill(unsigned char *p, size_t n, unsigned seed)
 {
@@ -46,6 +47,35 @@ int main(void)
        "alloc_aligned raises alignment to a pointer");
     bi_free_aligned(tiny);
     ok(bi_alloc_aligned(3000, 10) == NULL, "non-power-of-two alignment fails");
+    /* buffers of a huge page or more start on one (sysfs gives the size) */
+    unsigned long long sys_huge = 0;
+    FILE *hf = fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "r");
+    if (hf) {
+        if (fscanf(hf, "%llu", &sys_huge) != 1) {
+            sys_huge = 0;
+        }
+        fclose(hf);
+    }
+    size_t huge = bi_huge_page_size();
+    is_uint(huge, sys_huge > ps ? sys_huge : 0,
+            "huge page size from sysfs (%zu)", huge);
+    if (huge) {
+        unsigned char *hb = bi_alloc_aligned(ps, 2 * huge + ps);
+        ok(hb && bi_ptr_aligned(hb, huge),
+           "a buffer of two huge pages starts on one");
+        memset(hb, 0x5a, 2 * huge + ps);
+        ok(hb[0] == 0x5a && hb[2 * huge + ps - 1] == 0x5a,
+           "the whole huge-page buffer is usable");
+        bi_free_aligned(hb);
+        void *sm = bi_alloc_aligned(ps, huge / 2);
+        ok(sm && bi_ptr_aligned(sm, ps),
+           "a smaller buffer keeps its alignment");
+        bi_free_aligned(sm);
+    } else {
+        ok(1, "no transparent huge pages here: nothing to align to");
+        ok(1, "no transparent huge pages here");
+        ok(1, "no transparent huge pages here");
+    }
     char *s = bi_xasprintf("%s-%d", "x", 42);
     is_str(s, "x-42", "xasprintf");
     free(s);

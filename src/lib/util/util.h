@@ -56,6 +56,8 @@ bool bi_buf_is_zero(const void *buf, size_t len);
 
 /* ---- memory ---- */
 size_t bi_page_size(void); /* sysconf(_SC_PAGESIZE), cached */
+/* Transparent huge page size (queried from sysfs, cached), 0 if none. */
+size_t bi_huge_page_size(void);
 /* posix_memalign wrapper; align is raised to at least sizeof(void*). */
 void *bi_alloc_aligned(size_t align, size_t size);
 void bi_free_aligned(void *p);
