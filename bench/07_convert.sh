@@ -27,7 +27,7 @@ rm -f "$EMPTY"
 qemu-img create -q -f qcow2 "$EMPTY" 1T
 
 alloc=$(qemu-img info --output=json "$SRC_Q" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["actual-size"] >> 20)')
-note "source: $SRC_Q, $src_mib MiB virtual, $alloc MiB allocated; $((BENCH_REPS * 2 - 1)) interleaved run(s) each (median; -c: 3 runs), caches dropped before each run"
+note "source: $SRC_Q, $src_mib MiB virtual, $alloc MiB allocated; $((BENCH_REPS * 2 - 1)) interleaved run(s) each (median; default cache: $((BENCH_REPS * 3)), -c: $((BENCH_REPS >= 3 ? 3 : 1))), caches dropped before each run"
 
 # Cases: label | goal op | wall goal | cpu goal | source | source fmt | target fmt | convert options
 CASES=(
@@ -72,7 +72,14 @@ both() {
     local bw=() bc=() bm=() qw=() qc=() qm=()
     # Compression runs take 10 to 25 s: three keep the bench short, and
     # one alone was at the mercy of the shared host.
-    case "$opts" in *-c*) reps=$((BENCH_REPS >= 3 ? 3 : 1)) ;; esac
+    # Default-cache runs last about half a second, and the disk's drift
+    # (reading the source alone takes 0.26 to 0.72 s) decides much of
+    # each: nine runs give a steadier median.
+    case "$opts" in
+    *-c*) reps=$((BENCH_REPS >= 3 ? 3 : 1)) ;;
+    *none*) ;;
+    *) reps=$((BENCH_REPS * 3)) ;;
+    esac
     OK=ok
     for ((i = 0; i < reps; i++)); do
         local order=("$BLKIMG" qemu-img)
