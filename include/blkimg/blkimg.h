@@ -29,6 +29,8 @@ extern "C" {
 
 #define BI_EXPORT __attribute__((visibility("default")))
 
+#include "blkimg/value.h"
+
 /* ------------------------------------------------------------------ errors */
 
 typedef struct bi_error {
@@ -274,16 +276,6 @@ BI_EXPORT bool bi_create_option_known(const char *format, const char *key);
 
 /* ------------------------------------------------------------------- info */
 
-enum bi_kv_type { BI_KV_STR, BI_KV_INT, BI_KV_BOOL, BI_KV_JSON };
-struct bi_kv {
-    char json_key[48];  /* key in "format-specific"."data" */
-    char human_key[48]; /* key in the human text */
-    enum bi_kv_type type;
-    char str[512]; /* STR value, or a raw JSON value for BI_KV_JSON */
-    int64_t num;   /* INT value; BOOL as 0/1 */
-    char *json;    /* BI_KV_JSON of any length (malloc'd, bi_info_free frees
-                    * it); when set it takes the place of str */
-};
 struct bi_snapshot_info {
     char id[128];
     char name[256];
@@ -304,9 +296,10 @@ struct bi_image_info {
     char backing_filename[1024];      /* as stored in the image */
     char full_backing_filename[4096]; /* resolved */
     char backing_format[32];
-    /* "format-specific" (type = format name) */
-    int n_specific;
-    struct bi_kv specific[32];
+    /* qemu-img info's "format-specific" "data" (its "type" is the format
+     * name): an object the driver fills, NULL if it has nothing to say.
+     * bi_info_free frees it. */
+    bi_value *specific;
     int n_snapshots;
     struct bi_snapshot_info *snapshots; /* malloc'd; freed by bi_info_free */
 };

@@ -102,34 +102,4 @@ void img_help(void) __attribute__((noreturn));
 /* Prints "prog: <err.msg>" for a failed bi_* call. */
 void tool_report(const bi_error *err);
 
-/* -------------------------------------------------- QEMU-ordered JSON */
-
-/*
- * A small QObject tree. Dictionaries print their members in the order
- * QEMU's QDict iterates them (hash bucket order), which is the order
- * qemu-img's JSON output and "Format specific information" show.
- */
-enum qobj_type { QOBJ_INT, QOBJ_STR, QOBJ_BOOL, QOBJ_DICT, QOBJ_LIST };
-struct qobj;
-struct qobj *qobj_dict(void);
-struct qobj *qobj_list(void);
-struct qobj *qobj_int(int64_t v);
-struct qobj *qobj_uint(uint64_t v);
-struct qobj *qobj_str(const char *s);
-struct qobj *qobj_bool(bool v);
-/* Parses a JSON text (objects, arrays, strings, integers, true/false);
- * returns NULL on syntax errors. */
-struct qobj *qobj_from_json(const char *text);
-/* Takes ownership of v. */
-void qobj_put(struct qobj *dict, const char *key, struct qobj *v);
-void qobj_append(struct qobj *list, struct qobj *v);
-struct qobj *qobj_get(const struct qobj *dict, const char *key);
-void qobj_free(struct qobj *o);
-/* qobject_to_json_pretty() + "\n". */
-void qobj_print_json(FILE *out, const struct qobj *o);
-/* qemu's dump_qobject() for the human "Format specific information". */
-void qobj_print_human(FILE *out, int indentation, const struct qobj *o);
-/* JSON string literal as QEMU writes it. */
-void qobj_print_string(FILE *out, const char *s);
-
 #endif

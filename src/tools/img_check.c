@@ -46,30 +46,34 @@ static void dump_human(const struct bi_check_result *r)
 static void dump_json(const struct bi_check_result *r, const char *filename,
                       const char *format)
 {
-    struct qobj *d = qobj_dict();
-    qobj_put(d, "filename", qobj_str(filename));
-    qobj_put(d, "format", qobj_str(format));
-    qobj_put(d, "check-errors", qobj_int(r->check_errors));
+    bi_value *d = bi_value_object();
+    bi_value_set(d, "filename", bi_value_string(filename));
+    bi_value_set(d, "format", bi_value_string(format));
+    bi_value_set(d, "check-errors", bi_value_int(r->check_errors));
     if (r->image_end_offset)
-        qobj_put(d, "image-end-offset", qobj_int(r->image_end_offset));
+        bi_value_set(d, "image-end-offset", bi_value_int(r->image_end_offset));
     if (r->corruptions)
-        qobj_put(d, "corruptions", qobj_int(r->corruptions));
+        bi_value_set(d, "corruptions", bi_value_int(r->corruptions));
     if (r->leaks)
-        qobj_put(d, "leaks", qobj_int(r->leaks));
+        bi_value_set(d, "leaks", bi_value_int(r->leaks));
     if (r->corruptions_fixed)
-        qobj_put(d, "corruptions-fixed", qobj_int(r->corruptions_fixed));
+        bi_value_set(d, "corruptions-fixed",
+                     bi_value_int(r->corruptions_fixed));
     if (r->leaks_fixed)
-        qobj_put(d, "leaks-fixed", qobj_int(r->leaks_fixed));
+        bi_value_set(d, "leaks-fixed", bi_value_int(r->leaks_fixed));
     if (r->total_clusters)
-        qobj_put(d, "total-clusters", qobj_uint(r->total_clusters));
+        bi_value_set(d, "total-clusters", bi_value_uint(r->total_clusters));
     if (r->allocated_clusters)
-        qobj_put(d, "allocated-clusters", qobj_uint(r->allocated_clusters));
+        bi_value_set(d, "allocated-clusters",
+                     bi_value_uint(r->allocated_clusters));
     if (r->fragmented_clusters)
-        qobj_put(d, "fragmented-clusters", qobj_uint(r->fragmented_clusters));
+        bi_value_set(d, "fragmented-clusters",
+                     bi_value_uint(r->fragmented_clusters));
     if (r->compressed_clusters)
-        qobj_put(d, "compressed-clusters", qobj_uint(r->compressed_clusters));
-    qobj_print_json(stdout, d);
-    qobj_free(d);
+        bi_value_set(d, "compressed-clusters",
+                     bi_value_uint(r->compressed_clusters));
+    bi_value_print_json(stdout, d, BI_VALUE_PRETTY | BI_VALUE_QDICT_ORDER);
+    bi_value_free(d);
 }
 
 static int collect(bi_node *n, int fix, struct bi_check_result *r)

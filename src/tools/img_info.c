@@ -13,10 +13,9 @@
 
 struct info_item {
     struct bi_image_info info;
-    char *opened;          /* the name it was opened by */
-    char *filename;        /* the node's filename */
-    char *full_backing;    /* resolved backing name, NULL if unknown */
-    struct qobj *specific; /* "format-specific" data dict, or NULL */
+    char *opened;       /* the name it was opened by */
+    char *filename;     /* the node's filename */
+    char *full_backing; /* resolved backing name, NULL if unknown */
 };
 
 /* qemu's path_combine(): a relative backing name is relative to the
@@ -35,95 +34,67 @@ static char *path_combine(const char *base, const char *name)
     return bi_xasprintf("%.*s%s", (int)(slash - base + 1), base, name);
 }
 
-static struct qobj *specific_data(const struct bi_image_info *info)
+/* qemu's ImageInfo of it as a value; takes it->info.specific over. */
+static bi_value *info_to_value(struct info_item *it)
 {
-    if (info->n_specific <= 0) {
-        return NULL;
-    }
-    struct qobj *d = qobj_dict();
-    for (int i = 0; i < info->n_specific; i++) {
-        const struct bi_kv *kv = &info->specific[i];
-        struct qobj *v = NULL;
-        switch (kv->type) {
-        case BI_KV_STR:
-            v = qobj_str(kv->str);
-            break;
-        case BI_KV_INT:
-            v = qobj_int(kv->num);
-            break;
-        case BI_KV_BOOL:
-            v = qobj_bool(kv->num != 0);
-            break;
-        case BI_KV_JSON:
-            v = qobj_from_json(kv->json ? kv->json : kv->str);
-            if (!v) {
-                v = qobj_str(kv->json ? kv->json : kv->str);
-            }
-            break;
-        }
-        qobj_put(d, kv->json_key, v);
-    }
-    return d;
-}
-
-static struct qobj *info_to_qobj(const struct info_item *it)
-{
-    const struct bi_image_info *info = &it->info;
-    struct qobj *o = qobj_dict();
+    struct bi_image_info *info = &it->info;
+    bi_value *o = bi_value_object();
 
     /* Insertion order as qemu's ImageInfo visitor (matters only for keys
      * sharing a hash bucket). */
-    qobj_put(o, "filename", qobj_str(it->filename));
-    qobj_put(o, "format", qobj_str(info->format));
-    qobj_put(o, "dirty-flag", qobj_bool(info->dirty_flag));
+    bi_value_set(o, "filename", bi_value_string(it->filename));
+    bi_value_set(o, "format", bi_value_string(info->format));
+    bi_value_set(o, "dirty-flag", bi_value_bool(info->dirty_flag));
     if (info->actual_size >= 0) {
-        qobj_put(o, "actual-size", qobj_int(info->actual_size));
+        bi_value_set(o, "actual-size", bi_value_int(info->actual_size));
     }
-    qobj_put(o, "virtual-size", qobj_uint(info->virtual_size));
+    bi_value_set(o, "virtual-size", bi_value_uint(info->virtual_size));
     if (info->cluster_size) {
-        qobj_put(o, "cluster-size", qobj_uint(info->cluster_size));
+        bi_value_set(o, "cluster-size", bi_value_uint(info->cluster_size));
     }
     if (info->encrypted) {
-        qobj_put(o, "encrypted", qobj_bool(true));
+        bi_value_set(o, "encrypted", bi_value_bool(true));
     }
     if (info->backing_filename[0]) {
-        qobj_put(o, "backing-filename", qobj_str(info->backing_filename));
+        bi_value_set(o, "backing-filename",
+                     bi_value_string(info->backing_filename));
         if (it->full_backing) {
-            qobj_put(o, "full-backing-filename", qobj_str(it->full_backing));
+            bi_value_set(o, "full-backing-filename",
+                         bi_value_string(it->full_backing));
         }
         if (info->backing_format[0]) {
-            qobj_put(o, "backing-filename-format",
-                     qobj_str(info->backing_format));
+            bi_value_set(o, "backing-filename-format",
+                         bi_value_string(info->backing_format));
         }
     }
     if (info->n_snapshots > 0) {
-        struct qobj *l = qobj_list();
+        bi_value *l = bi_value_array();
         for (int i = 0; i < info->n_snapshots; i++) {
             const struct bi_snapshot_info *sn = &info->snapshots[i];
-            struct qobj *s = qobj_dict();
-            qobj_put(s, "id", qobj_str(sn->id));
-            qobj_put(s, "name", qobj_str(sn->name));
-            qobj_put(s, "vm-state-size", qobj_uint(sn->vm_state_size));
-            qobj_put(s, "date-sec", qobj_uint(sn->date_sec));
-            qobj_put(s, "date-nsec", qobj_uint(sn->date_nsec));
-            qobj_put(s, "vm-clock-sec",
-                     qobj_uint(sn->vm_clock_nsec / 1000000000ULL));
-            qobj_put(s, "vm-clock-nsec",
-                     qobj_uint(sn->vm_clock_nsec % 1000000000ULL));
+            bi_value *s = bi_value_object();
+            bi_value_set(s, "id", bi_value_string(sn->id));
+            bi_value_set(s, "name", bi_value_string(sn->name));
+            bi_value_set(s, "vm-state-size", bi_value_uint(sn->vm_state_size));
+            bi_value_set(s, "date-sec", bi_value_uint(sn->date_sec));
+            bi_value_set(s, "date-nsec", bi_value_uint(sn->date_nsec));
+            bi_value_set(s, "vm-clock-sec",
+                         bi_value_uint(sn->vm_clock_nsec / 1000000000ULL));
+            bi_value_set(s, "vm-clock-nsec",
+                         bi_value_uint(sn->vm_clock_nsec % 1000000000ULL));
             if (sn->icount != UINT64_MAX) {
-                qobj_put(s, "icount", qobj_uint(sn->icount));
+                bi_value_set(s, "icount", bi_value_uint(sn->icount));
             }
-            qobj_append(l, s);
+            bi_value_append(l, s);
         }
-        qobj_put(o, "snapshots", l);
+        bi_value_set(o, "snapshots", l);
     }
-    if (it->specific) {
-        struct qobj *fs = qobj_dict();
-        qobj_put(fs, "type", qobj_str(info->format));
-        /* qobj_put takes ownership: hand over a copy via JSON text is not
-         * needed; the item keeps no other reference after this. */
-        qobj_put(fs, "data", it->specific);
-        qobj_put(o, "format-specific", fs);
+    if (info->specific) {
+        bi_value *fs = bi_value_object();
+        bi_value_set(fs, "type", bi_value_string(info->format));
+        /* the item's info hands its value over to the output */
+        bi_value_set(fs, "data", info->specific);
+        info->specific = NULL;
+        bi_value_set(o, "format-specific", fs);
     }
     return o;
 }
@@ -202,9 +173,9 @@ static void dump_human(const struct info_item *it)
             printf("\n");
         }
     }
-    if (it->specific) {
+    if (info->specific) {
         printf("Format specific information:\n");
-        qobj_print_human(stdout, 1, it->specific);
+        bi_value_print_human(stdout, 1, info->specific);
     }
 }
 
@@ -310,7 +281,6 @@ int img_info(int argc, char **argv)
                     path_combine(it->filename, it->info.backing_filename);
             }
         }
-        it->specific = specific_data(&it->info);
         bi_close(n, NULL);
 
         free(filename);
@@ -340,19 +310,17 @@ int img_info(int argc, char **argv)
             dump_human(&items[i]);
         }
     } else {
-        struct qobj *o;
+        bi_value *o;
         if (chain) {
-            o = qobj_list();
+            o = bi_value_array();
             for (int i = 0; i < n_items; i++) {
-                qobj_append(o, info_to_qobj(&items[i]));
-                items[i].specific = NULL; /* now owned by o */
+                bi_value_append(o, info_to_value(&items[i]));
             }
         } else {
-            o = info_to_qobj(&items[0]);
-            items[0].specific = NULL;
+            o = info_to_value(&items[0]);
         }
-        qobj_print_json(stdout, o);
-        qobj_free(o);
+        bi_value_print_json(stdout, o, BI_VALUE_PRETTY | BI_VALUE_QDICT_ORDER);
+        bi_value_free(o);
     }
     ret = 0;
 out:
@@ -363,7 +331,6 @@ out:
         free(items[i].opened);
         free(items[i].filename);
         free(items[i].full_backing);
-        qobj_free(items[i].specific);
     }
     free(items);
     return ret;

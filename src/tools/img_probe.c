@@ -96,23 +96,22 @@ int img_probe(int argc, char **argv)
     }
 
     if (of == TOOL_OUTPUT_JSON) {
-        struct bi_json j;
-        bi_json_init(&j, stdout, true);
-        bi_json_begin_object(&j, NULL);
-        bi_json_uint(&j, "request-alignment", l->request_alignment);
-        bi_json_str(&j, "request-alignment-source",
-                    bi_limit_source_name(l->request_alignment_source));
-        bi_json_uint(&j, "min-mem-alignment", l->min_mem_alignment);
-        bi_json_uint(&j, "opt-mem-alignment", l->opt_mem_alignment);
-        bi_json_str(&j, "mem-alignment-source",
-                    bi_limit_source_name(l->mem_alignment_source));
-        bi_json_uint(&j, "max-transfer", l->max_transfer);
-        bi_json_uint(&j, "page-size", si.page_size);
-        bi_json_str(&j, "filesystem", si.filesystem);
-        bi_json_uint(&j, "logical-sector-size", si.logical_sector_size);
-        bi_json_uint(&j, "physical-sector-size", si.physical_sector_size);
-        bi_json_str(&j, "cache", bi_cache_name(cache));
-        bi_json_end_object(&j);
+        bi_value *j = bi_value_object();
+        bi_value_set_uint(j, "request-alignment", l->request_alignment);
+        bi_value_set_string(j, "request-alignment-source",
+                            bi_limit_source_name(l->request_alignment_source));
+        bi_value_set_uint(j, "min-mem-alignment", l->min_mem_alignment);
+        bi_value_set_uint(j, "opt-mem-alignment", l->opt_mem_alignment);
+        bi_value_set_string(j, "mem-alignment-source",
+                            bi_limit_source_name(l->mem_alignment_source));
+        bi_value_set_uint(j, "max-transfer", l->max_transfer);
+        bi_value_set_uint(j, "page-size", si.page_size);
+        bi_value_set_string(j, "filesystem", si.filesystem);
+        bi_value_set_uint(j, "logical-sector-size", si.logical_sector_size);
+        bi_value_set_uint(j, "physical-sector-size", si.physical_sector_size);
+        bi_value_set_string(j, "cache", bi_cache_name(cache));
+        bi_value_print_json(stdout, j, BI_VALUE_PRETTY);
+        bi_value_free(j);
     } else {
         printf("request alignment: %" PRIu32 "\n", l->request_alignment);
         printf("request alignment source: %s\n",

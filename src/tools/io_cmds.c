@@ -1485,178 +1485,6 @@ static const struct cmdinfo length_cmd = {
     .oneline = "gets the length of the current file",
 };
 
-/* Format-specific values as qemu's human dump: "key: value", nested
- * objects and lists indented by four spaces per level, '-' in keys shown
- * as ' '. JSON values (lists of bitmaps, ...) are rendered the same way. */
-static const char *json_skip_ws(const char *p)
-{
-    while (*p == ' ' || *p == '\n' || *p == '\t' || *p == '\r') {
-        p++;
-    }
-    return p;
-}
-
-/* Reads a JSON string at p (at the opening quote) into out; returns the
- * position after it, or NULL. */
-static const char *json_string(const char *p, char *out, size_t size)
-{
-    size_t n = 0;
-
-    if (*p != '"') {
-        return NULL;
-    }
-    for (p++; *p && *p != '"'; p++) {
-        char c = *p;
-
-        if (c == '\\') {
-            p++;
-            switch (*p) {
-            case 'n':
-                c = '\n';
-                break;
-            case 't':
-                c = '\t';
-                break;
-            case 'r':
-                c = '\r';
-                break;
-            case 'b':
-                c = '\b';
-                break;
-            case 'f':
-                c = '\f';
-                break;
-            case 'u': {
-                unsigned v = 0;
-
-                if (sscanf(p + 1, "%4x", &v) != 1) {
-                    return NULL;
-                }
-                p += 4;
-                c = v < 0x80 ? (char)v : '?';
-                break;
-            }
-            case '\0':
-                return NULL;
-            default:
-                c = *p;
-            }
-        }
-        if (n + 1 < size) {
-            out[n++] = c;
-        }
-    }
-    if (*p != '"') {
-        return NULL;
-    }
-    out[n] = '\0';
-    return p + 1;
-}
-
-static const char *dump_json_value(const char *p, int indent);
-
-static bool json_is_composite(const char *p)
-{
-    p = json_skip_ws(p);
-    return *p == '{' || *p == '[';
-}
-
-static const char *dump_json_value(const char *p, int indent)
-{
-    char buf[1024];
-
-    p = json_skip_ws(p);
-    if (*p == '{') {
-        p = json_skip_ws(p + 1);
-        while (p && *p && *p != '}') {
-            p = json_string(p, buf, sizeof(buf));
-            if (!p) {
-                return NULL;
-            }
-            for (char *k = buf; *k; k++) {
-                if (*k == '-') {
-                    *k = ' ';
-                }
-            }
-            p = json_skip_ws(p);
-            if (*p != ':') {
-                return NULL;
-            }
-            p++;
-            printf("%*s%s:%c", indent * 4, "", buf,
-                   json_is_composite(p) ? '\n' : ' ');
-            p = dump_json_value(p, indent + 1);
-            if (!p) {
-                return NULL;
-            }
-            p = json_skip_ws(p);
-            if (*p == ',') {
-                p = json_skip_ws(p + 1);
-            }
-        }
-        return p && *p == '}' ? p + 1 : NULL;
-    }
-    if (*p == '[') {
-        int i = 0;
-
-        p = json_skip_ws(p + 1);
-        while (p && *p && *p != ']') {
-            printf("%*s[%d]:%c", indent * 4, "", i++,
-                   json_is_composite(p) ? '\n' : ' ');
-            p = dump_json_value(p, indent + 1);
-            if (!p) {
-                return NULL;
-            }
-            p = json_skip_ws(p);
-            if (*p == ',') {
-                p = json_skip_ws(p + 1);
-            }
-        }
-        return p && *p == ']' ? p + 1 : NULL;
-    }
-    if (*p == '"') {
-        p = json_string(p, buf, sizeof(buf));
-        if (p) {
-            printf("%s\n", buf);
-        }
-        return p;
-    }
-    /* number, true, false, null: as written */
-    {
-        size_t n = strcspn(p, ",]} \n\t\r");
-
-        printf("%.*s\n", (int)n, p);
-        return p + n;
-    }
-}
-
-static void dump_specific(const struct bi_image_info *info)
-{
-    printf("Format specific information:\n");
-    for (int i = 0; i < info->n_specific; i++) {
-        const struct bi_kv *kv = &info->specific[i];
-
-        switch (kv->type) {
-        case BI_KV_STR:
-            printf("    %s: %s\n", kv->human_key, kv->str);
-            break;
-        case BI_KV_INT:
-            printf("    %s: %" PRId64 "\n", kv->human_key, kv->num);
-            break;
-        case BI_KV_BOOL:
-            printf("    %s: %s\n", kv->human_key, kv->num ? "true" : "false");
-            break;
-        case BI_KV_JSON: {
-            const char *js = kv->json ? kv->json : kv->str;
-            printf("    %s:%c", kv->human_key,
-                   json_is_composite(js) ? '\n' : ' ');
-            dump_json_value(js, 2);
-            break;
-        }
-        }
-    }
-}
-
 /* Where qcow2 keeps VM state: past the guest range covered by whole L1
  * entries (one L2 table's worth of clusters each). */
 static uint64_t vm_state_offset(const struct bi_image_info *info)
@@ -1666,11 +1494,8 @@ static uint64_t vm_state_offset(const struct bi_image_info *info)
     if (strcmp(info->format, "qcow2") != 0 || cs == 0) {
         return 0;
     }
-    for (int i = 0; i < info->n_specific; i++) {
-        if (strcmp(info->specific[i].json_key, "extended-l2") == 0 &&
-            info->specific[i].num) {
-            entry = 16;
-        }
+    if (bi_value_get_bool(bi_value_get(info->specific, "extended-l2"))) {
+        entry = 16;
     }
     per_l1 = cs * (cs / entry);
     return bi_align_up(info->virtual_size, per_l1);
@@ -1701,8 +1526,9 @@ static int info_f(int argc, char **argv)
     cvtstr((double)vm_state_offset(info), s2, sizeof(s2));
     printf("cluster size: %s\n", s1);
     printf("vm state offset: %s\n", s2);
-    if (info->n_specific > 0) {
-        dump_specific(info);
+    if (info->specific) {
+        printf("Format specific information:\n");
+        bi_value_print_human(stdout, 1, info->specific);
     }
     bi_info_free(info);
     free(info);

@@ -1280,11 +1280,8 @@ static int setup_mode(struct cv_state *s, bi_error *err)
         if (!strcmp(bi_node_format(n), "qcow2") &&
             bi_get_info(n, &info, &e) == 0) {
             uint64_t entry = 8;
-            for (int i = 0; i < info.n_specific; i++) {
-                if (!strcmp(info.specific[i].json_key, "extended-l2") &&
-                    info.specific[i].num) {
-                    entry = 16;
-                }
+            if (bi_value_get_bool(bi_value_get(info.specific, "extended-l2"))) {
+                entry = 16;
             }
             span = info.cluster_size / entry * info.cluster_size;
             bi_info_free(&info);

@@ -39,10 +39,8 @@ int bi_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
 
 void bi_info_free(struct bi_image_info *info)
 {
-    for (int i = 0; i < info->n_specific; i++) {
-        free(info->specific[i].json);
-        info->specific[i].json = NULL;
-    }
+    bi_value_free(info->specific);
+    info->specific = NULL;
     free(info->snapshots);
     info->snapshots = NULL;
     info->n_snapshots = 0;

@@ -1,214 +1,14 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * JSON output laid out the way qemu prints it. Layout rules (observed from
- * qemu-img 7.2 output): a member after another is preceded by "," and, in
- * pretty mode, a newline plus 4 spaces per open container, in compact mode
- * a space; the first member of a container goes on a new line (pretty) or
- * right after the bracket (compact); a closing bracket goes on a new line at
- * the parent's indentation (pretty) or right after the last member.
+ * JSON text and values (blkimg/value.h): strings written as qemu escapes
+ * them, and a small reader of JSON text into a value tree.
  */
 #include "util/util.h"
 
-#include <assert.h>
-#include <inttypes.h>
+#include <ctype.h>
+#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
-
-void bi_json_init(struct bi_json *j, FILE *out, bool pretty)
-{
-    memset(j, 0, sizeof(*j));
-    j->out = out;
-    j->pretty = pretty;
-}
-
-static void newline_indent(struct bi_json *j)
-{
-    fprintf(j->out, "\n%*s", j->depth * 4, "");
-}
-
-/* Separator and key before a member. The key is escaped from key, or, for
- * raw input, copied from the already escaped token tok[0..toklen). */
-static void member_start_tok(struct bi_json *j, const char *key,
-                             const char *tok, size_t toklen)
-{
-    if (j->need_comma) {
-        fputc(',', j->out);
-        if (j->pretty) {
-            newline_indent(j);
-        } else {
-            fputc(' ', j->out);
-        }
-    } else {
-        if (j->started && j->pretty) {
-            newline_indent(j);
-        }
-        j->need_comma = true;
-    }
-    j->started = true;
-    if (j->depth > 0 && !j->is_array[j->depth - 1]) {
-        if (tok) {
-            fwrite(tok, 1, toklen, j->out);
-        } else {
-            bi_json_write_string(j->out, key ? key : "");
-        }
-        fputs(": ", j->out);
-    }
-}
-
-static void member_start(struct bi_json *j, const char *key)
-{
-    member_start_tok(j, key, NULL, 0);
-}
-
-static void container_open(struct bi_json *j, bool array)
-{
-    fputc(array ? '[' : '{', j->out);
-    assert(j->depth < BI_JSON_MAX_DEPTH);
-    j->is_array[j->depth++] = array;
-    j->need_comma = false;
-}
-
-static void container_begin(struct bi_json *j, const char *key, bool array)
-{
-    member_start(j, key);
-    container_open(j, array);
-}
-
-static void container_end(struct bi_json *j, bool array)
-{
-    assert(j->depth > 0 && j->is_array[j->depth - 1] == array);
-    j->depth--;
-    j->need_comma = true;
-    if (j->pretty) {
-        newline_indent(j);
-    }
-    fputc(array ? ']' : '}', j->out);
-    if (j->depth == 0 && j->pretty) {
-        fputc('\n', j->out);
-    }
-}
-
-void bi_json_begin_object(struct bi_json *j, const char *key)
-{
-    container_begin(j, key, false);
-}
-
-void bi_json_end_object(struct bi_json *j)
-{
-    container_end(j, false);
-}
-
-void bi_json_begin_array(struct bi_json *j, const char *key)
-{
-    container_begin(j, key, true);
-}
-
-void bi_json_end_array(struct bi_json *j)
-{
-    container_end(j, true);
-}
-
-void bi_json_str(struct bi_json *j, const char *key, const char *v)
-{
-    member_start(j, key);
-    bi_json_write_string(j->out, v);
-}
-
-void bi_json_int(struct bi_json *j, const char *key, int64_t v)
-{
-    member_start(j, key);
-    fprintf(j->out, "%" PRId64, v);
-}
-
-void bi_json_uint(struct bi_json *j, const char *key, uint64_t v)
-{
-    member_start(j, key);
-    fprintf(j->out, "%" PRIu64, v);
-}
-
-void bi_json_bool(struct bi_json *j, const char *key, bool v)
-{
-    member_start(j, key);
-    fputs(v ? "true" : "false", j->out);
-}
-
-/* ---- raw values ---- */
-
-static const char *skip_ws(const char *p)
-{
-    while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') {
-        p++;
-    }
-    return p;
-}
-
-/* End of the string token starting at the opening quote p. */
-static const char *string_end(const char *p)
-{
-    p++;
-    while (*p && *p != '"') {
-        if (*p == '\\' && p[1]) {
-            p++;
-        }
-        p++;
-    }
-    return *p ? p + 1 : p;
-}
-
-/* End of a scalar token (number, true, false, null). */
-static const char *scalar_end(const char *p)
-{
-    while (*p && !strchr(",]} \t\r\n:", *p)) {
-        p++;
-    }
-    return p;
-}
-
-/* Writes the value at p under a key given either as text (key) or as an
- * escaped token (tok, toklen); returns the position after the value. */
-static const char *raw_value(struct bi_json *j, const char *key,
-                             const char *tok, size_t toklen, const char *p)
-{
-    const char *e;
-
-    p = skip_ws(p);
-    if (*p == '{' || *p == '[') {
-        bool array = *p == '[';
-        char close = array ? ']' : '}';
-
-        member_start_tok(j, key, tok, toklen);
-        container_open(j, array);
-        p = skip_ws(p + 1);
-        while (*p && *p != close) {
-            const char *kt = NULL;
-            size_t kl = 0;
-
-            if (!array) {
-                e = string_end(p);
-                kt = p;
-                kl = (size_t)(e - p);
-                p = skip_ws(e);
-                if (*p == ':') {
-                    p++;
-                }
-            }
-            p = skip_ws(raw_value(j, NULL, kt, kl, p));
-            if (*p == ',') {
-                p = skip_ws(p + 1);
-            }
-        }
-        container_end(j, array);
-        return *p ? p + 1 : p;
-    }
-    e = *p == '"' ? string_end(p) : scalar_end(p);
-    member_start_tok(j, key, tok, toklen);
-    fwrite(p, 1, (size_t)(e - p), j->out);
-    return e;
-}
-
-void bi_json_raw(struct bi_json *j, const char *key, const char *raw)
-{
-    raw_value(j, key, NULL, 0, raw);
-}
 
 /* ---- strings ---- */
 
@@ -252,7 +52,7 @@ static int utf8_decode(const unsigned char *s, const unsigned char **end)
     return cp;
 }
 
-void bi_json_write_string(FILE *out, const char *str)
+void bi_value_print_string(FILE *out, const char *str)
 {
     const unsigned char *p = (const unsigned char *)str;
 
@@ -297,4 +97,252 @@ void bi_json_write_string(FILE *out, const char *str)
         }
     }
     fputc('"', out);
+}
+
+/* ---- reading JSON text into a value */
+
+struct jparse {
+    const char *p;
+    int depth;
+};
+
+static void jskip(struct jparse *j)
+{
+    while (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r') {
+        j->p++;
+    }
+}
+
+static void put_utf8(char **buf, size_t *n, unsigned cp)
+{
+    char *b = *buf;
+    if (cp < 0x80) {
+        b[(*n)++] = (char)cp;
+    } else if (cp < 0x800) {
+        b[(*n)++] = (char)(0xC0 | (cp >> 6));
+        b[(*n)++] = (char)(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+        b[(*n)++] = (char)(0xE0 | (cp >> 12));
+        b[(*n)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        b[(*n)++] = (char)(0x80 | (cp & 0x3F));
+    } else {
+        b[(*n)++] = (char)(0xF0 | (cp >> 18));
+        b[(*n)++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+        b[(*n)++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+        b[(*n)++] = (char)(0x80 | (cp & 0x3F));
+    }
+}
+
+static char *jstring(struct jparse *j)
+{
+    if (*j->p != '"') {
+        return NULL;
+    }
+    j->p++;
+    /* the raw string's length bounds the decoded one (escapes shrink) */
+    const char *e = j->p;
+    while (*e && *e != '"') {
+        e += (*e == '\\' && e[1]) ? 2 : 1;
+    }
+    size_t cap = (size_t)(e - j->p) + 4, n = 0;
+    char *buf = bi_xmalloc(cap);
+    while (*j->p && *j->p != '"') {
+        if (*j->p == '\\') {
+            j->p++;
+            switch (*j->p) {
+            case '"':
+            case '\\':
+            case '/':
+                buf[n++] = *j->p;
+                break;
+            case 'b':
+                buf[n++] = '\b';
+                break;
+            case 'f':
+                buf[n++] = '\f';
+                break;
+            case 'n':
+                buf[n++] = '\n';
+                break;
+            case 'r':
+                buf[n++] = '\r';
+                break;
+            case 't':
+                buf[n++] = '\t';
+                break;
+            case 'u': {
+                unsigned cp = 0;
+                for (int i = 1; i <= 4; i++) {
+                    if (!isxdigit((unsigned char)j->p[i])) {
+                        free(buf);
+                        return NULL;
+                    }
+                }
+                sscanf(j->p + 1, "%4x", &cp);
+                j->p += 4;
+                if (cp >= 0xD800 && cp < 0xDC00 && j->p[1] == '\\' &&
+                    j->p[2] == 'u') {
+                    unsigned lo = 0;
+                    if (sscanf(j->p + 3, "%4x", &lo) == 1 && lo >= 0xDC00 &&
+                        lo < 0xE000) {
+                        cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+                        j->p += 6;
+                    }
+                }
+                put_utf8(&buf, &n, cp);
+                break;
+            }
+            default:
+                free(buf);
+                return NULL;
+            }
+            j->p++;
+        } else {
+            buf[n++] = *j->p++;
+        }
+    }
+    if (*j->p != '"') {
+        free(buf);
+        return NULL;
+    }
+    j->p++;
+    buf[n] = 0;
+    return buf;
+}
+
+static bi_value *jvalue(struct jparse *j);
+
+/* After a member or item: 1 at the container's closing character close
+ * (consumed), 0 at a ',' (consumed), -1 at anything else. */
+static int jnext(struct jparse *j, char close)
+{
+    jskip(j);
+    if (*j->p == ',' || *j->p == close) {
+        return *j->p++ == close;
+    }
+    return -1;
+}
+
+/* The members of an object, j->p just past its '{': into o. 0 or -1. */
+static int jmembers(struct jparse *j, bi_value *o)
+{
+    jskip(j);
+    if (*j->p == '}') {
+        j->p++;
+        return 0;
+    }
+    for (int end = 0; !end;) {
+        jskip(j);
+        char *k = jstring(j);
+        if (!k) {
+            return -1;
+        }
+        jskip(j);
+        bi_value *v = NULL;
+        if (*j->p == ':') {
+            j->p++;
+            v = jvalue(j);
+        }
+        if (v) {
+            bi_value_set(o, k, v);
+        }
+        free(k);
+        if (!v || (end = jnext(j, '}')) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The items of an array, j->p just past its '[': into o. 0 or -1. */
+static int jitems(struct jparse *j, bi_value *o)
+{
+    jskip(j);
+    if (*j->p == ']') {
+        j->p++;
+        return 0;
+    }
+    for (int end = 0; !end;) {
+        bi_value *v = jvalue(j);
+        if (!v) {
+            return -1;
+        }
+        bi_value_append(o, v);
+        if ((end = jnext(j, ']')) < 0) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* A string, true, false or an integer at j->p; NULL if none is. */
+static bi_value *jscalar(struct jparse *j)
+{
+    if (*j->p == '"') {
+        char *s = jstring(j);
+        bi_value *o = s ? bi_value_string(s) : NULL;
+        free(s);
+        return o;
+    }
+    if (!strncmp(j->p, "true", 4) || !strncmp(j->p, "false", 5)) {
+        bool t = *j->p == 't';
+        j->p += t ? 4 : 5;
+        return bi_value_bool(t);
+    }
+    if (*j->p != '-' && !isdigit((unsigned char)*j->p)) {
+        return NULL;
+    }
+    char *end;
+    bi_value *o;
+    errno = 0;
+    if (*j->p == '-') {
+        o = bi_value_int(strtoll(j->p, &end, 10));
+    } else {
+        unsigned long long v = strtoull(j->p, &end, 10);
+        o = v > INT64_MAX ? bi_value_uint(v) : bi_value_int((int64_t)v);
+    }
+    if (end == j->p || errno) {
+        bi_value_free(o);
+        return NULL;
+    }
+    j->p = end;
+    return o;
+}
+
+/* One value at j->p (white space first); NULL on a syntax error or
+ * nesting deeper than 64. */
+static bi_value *jvalue(struct jparse *j)
+{
+    jskip(j);
+    if (j->depth >= 64) {
+        return NULL;
+    }
+    if (*j->p != '{' && *j->p != '[') {
+        return jscalar(j);
+    }
+    bool obj = *j->p++ == '{';
+    bi_value *o = obj ? bi_value_object() : bi_value_array();
+    j->depth++;
+    int ret = obj ? jmembers(j, o) : jitems(j, o);
+    j->depth--;
+    if (ret < 0) {
+        bi_value_free(o);
+        return NULL;
+    }
+    return o;
+}
+
+bi_value *bi_value_parse_json(const char *text)
+{
+    struct jparse j = {text, 0};
+    bi_value *o = jvalue(&j);
+    if (!o) {
+        return NULL;
+    }
+    jskip(&j);
+    if (*j.p) {
+        bi_value_free(o);
+        return NULL;
+    }
+    return o;
 }

@@ -99,37 +99,7 @@ int bi_optlist_parse(struct bi_optlist *l, const char *s);
 const char *bi_optlist_get(const struct bi_optlist *l, const char *key);
 void bi_optlist_free(struct bi_optlist *l);
 
-/* ---- JSON output in qemu's layout (4-space indent, "key": value) ----
- * Pretty mode is qemu's pretty JSON (qemu-img info/check/measure): each
- * member on its own line, an empty container prints as "{" newline "}".
- * Compact mode is qemu's one-line form: {"a": 1, "b": [1, 2]}.
- * Keys are ignored inside arrays. Closing the outermost container in
- * pretty mode also writes the final newline, as qemu-img prints it. */
-#define BI_JSON_MAX_DEPTH 32
-struct bi_json {
-    FILE *out;
-    int depth;
-    bool is_array[BI_JSON_MAX_DEPTH]; /* container kind per depth */
-    bool need_comma;
-    bool started; /* something was written */
-    bool pretty;
-};
-void bi_json_init(struct bi_json *j, FILE *out, bool pretty);
-void bi_json_begin_object(struct bi_json *j, const char *key);
-void bi_json_end_object(struct bi_json *j);
-void bi_json_begin_array(struct bi_json *j, const char *key);
-void bi_json_end_array(struct bi_json *j);
-void bi_json_str(struct bi_json *j, const char *key, const char *v);
-void bi_json_int(struct bi_json *j, const char *key, int64_t v);
-void bi_json_uint(struct bi_json *j, const char *key, uint64_t v);
-void bi_json_bool(struct bi_json *j, const char *key, bool v);
-/* raw: a complete, valid JSON value. Scalars are written as is; objects and
- * arrays are laid out again in the writer's mode (so a compact value nests
- * correctly in pretty output); string tokens are copied verbatim. */
-void bi_json_raw(struct bi_json *j, const char *key, const char *raw);
-/* Writes s as a JSON string literal with quotes, escaped as qemu does:
- * \" \\ \b \f \n \r \t, other controls and non-ASCII as \uXXXX
- * (surrogate pairs beyond the BMP), invalid UTF-8 as \uFFFD. */
-void bi_json_write_string(FILE *out, const char *s);
+/* ---- values and JSON: blkimg/value.h ---- */
+#include "blkimg/value.h"
 
 #endif

@@ -249,7 +249,7 @@ static int read_luks_header(bi_node *n, qcow2_state *s, bi_error *err)
                         strerror(-ret));
     bi_error e;
     bi_error_init(&e);
-    ret = qc_luks_info(h, sizeof(h), &s->luks_json, &e);
+    ret = qc_luks_info(h, sizeof(h), &s->luks_info, &e);
     if (ret < 0)
         return qc_error(err, ret, "Could not open encryption header: %s",
                         e.msg);
@@ -815,8 +815,8 @@ static void qcow2_free_state(bi_node *n)
     free(s->backing_file);
     free(s->backing_format);
     free(s->data_file_name);
-    free(s->luks_json);
-    s->luks_json = NULL;
+    bi_value_free(s->luks_info);
+    s->luks_info = NULL;
     free(s->features);
     free(s->pending_free);
     s->backing_file = s->backing_format = s->data_file_name = NULL;
@@ -925,72 +925,63 @@ static int64_t qcow2_get_allocated_file_size(bi_node *n)
     return bi_allocated_file_size(n->file);
 }
 
-static void kv_str(struct bi_image_info *info, const char *jk, const char *hk,
-                   const char *v)
+/* "bitmaps": {flags, name, granularity} for each bitmap, in directory
+ * order. */
+static bi_value *bitmaps_value(const qcow2_state *s)
 {
-    if (info->n_specific >= (int)BI_ARRAY_SIZE(info->specific))
-        return;
-    struct bi_kv *kv = &info->specific[info->n_specific++];
-    memset(kv, 0, sizeof(*kv));
-    snprintf(kv->json_key, sizeof(kv->json_key), "%s", jk);
-    snprintf(kv->human_key, sizeof(kv->human_key), "%s", hk);
-    kv->type = BI_KV_STR;
-    snprintf(kv->str, sizeof(kv->str), "%s", v);
-}
-
-static void kv_num(struct bi_image_info *info, const char *jk, const char *hk,
-                   enum bi_kv_type t, int64_t v)
-{
-    if (info->n_specific >= (int)BI_ARRAY_SIZE(info->specific))
-        return;
-    struct bi_kv *kv = &info->specific[info->n_specific++];
-    memset(kv, 0, sizeof(*kv));
-    snprintf(kv->json_key, sizeof(kv->json_key), "%s", jk);
-    snprintf(kv->human_key, sizeof(kv->human_key), "%s", hk);
-    kv->type = t;
-    kv->num = v;
-}
-
-/* "bitmaps": a JSON list of {flags, name, granularity}, any length. */
-static void bitmaps_kv(const qcow2_state *s, struct bi_image_info *info)
-{
-    if (info->n_specific >= (int)BI_ARRAY_SIZE(info->specific))
-        return;
-    char *js = NULL;
-    size_t js_len = 0;
-    FILE *f = open_memstream(&js, &js_len);
-    if (!f)
-        return;
-    fputc('[', f);
+    bi_value *list = bi_value_array();
     for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
         const struct qcow2_bitmap *bm = &s->bitmaps[i];
-        fprintf(f, "%s{\"flags\": [", i ? ", " : "");
+        bi_value *b = bi_value_object(), *flags = bi_value_array();
         if (bm->flags & 1)
-            fputs("\"in-use\"", f);
+            bi_value_append(flags, bi_value_string("in-use"));
         if (bm->flags & 2)
-            fprintf(f, "%s\"auto\"", (bm->flags & 1) ? ", " : "");
-        fputs("], \"name\": \"", f);
-        for (const char *c = bm->name; *c; c++) {
-            if (*c == '"' || *c == '\\')
-                fprintf(f, "\\%c", *c);
-            else if ((unsigned char)*c < 0x20)
-                fprintf(f, "\\u%04x", (unsigned char)*c);
-            else
-                fputc(*c, f);
+            bi_value_append(flags, bi_value_string("auto"));
+        bi_value_set(b, "flags", flags);
+        bi_value_set_string(b, "name", bm->name);
+        bi_value_set_uint(b, "granularity", 1ULL << bm->granularity_bits);
+        bi_value_append(list, b);
+    }
+    return list;
+}
+
+/* The "encrypt" object: the LUKS header's description, or the format. */
+static bi_value *encrypt_value(const qcow2_state *s)
+{
+    if (s->luks_info)
+        return bi_value_copy(s->luks_info);
+    bi_value *e = bi_value_object();
+    bi_value_set_string(e, "format", s->crypt_method == 1 ? "aes" : "luks");
+    return e;
+}
+
+/* qemu's ImageInfoSpecificQCow2. */
+static bi_value *specific_value(const qcow2_state *s)
+{
+    bi_value *d = bi_value_object();
+    bi_value_set_string(d, "compat", s->version == 2 ? "0.10" : "1.1");
+    bi_value_set_string(d, "compression-type",
+                        s->compression_type == QCOW2_COMPRESSION_ZSTD ? "zstd"
+                                                                      : "zlib");
+    if (s->version >= 3)
+        bi_value_set_bool(d, "lazy-refcounts",
+                          (s->compat & QCOW2_COMPAT_LAZY_REFCOUNTS) != 0);
+    if (s->nb_bitmaps && s->bitmaps)
+        bi_value_set(d, "bitmaps", bitmaps_value(s));
+    bi_value_set_int(d, "refcount-bits", s->refcount_bits);
+    if (s->crypt_method)
+        bi_value_set(d, "encrypt", encrypt_value(s));
+    if (s->version >= 3) {
+        if (s->data_file_name || qc_has_data_file(s)) {
+            if (s->data_file_name)
+                bi_value_set_string(d, "data-file", s->data_file_name);
+            bi_value_set_bool(d, "data-file-raw", s->data_file_raw);
         }
-        fprintf(f, "\", \"granularity\": %llu}", 1ULL << bm->granularity_bits);
+        bi_value_set_bool(d, "corrupt",
+                          (s->incompat & QCOW2_INCOMPAT_CORRUPT) != 0);
+        bi_value_set_bool(d, "extended-l2", s->ext_l2);
     }
-    fputc(']', f);
-    if (fclose(f) != 0 || !js) {
-        free(js);
-        return;
-    }
-    struct bi_kv *kv = &info->specific[info->n_specific++];
-    memset(kv, 0, sizeof(*kv));
-    snprintf(kv->json_key, sizeof(kv->json_key), "bitmaps");
-    snprintf(kv->human_key, sizeof(kv->human_key), "bitmaps");
-    kv->type = BI_KV_JSON;
-    kv->json = js;
+    return d;
 }
 
 static int qcow2_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
@@ -1006,40 +997,7 @@ static int qcow2_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
     if (s->backing_format)
         snprintf(info->backing_format, sizeof(info->backing_format), "%s",
                  s->backing_format);
-
-    kv_str(info, "compat", "compat", s->version == 2 ? "0.10" : "1.1");
-    kv_str(info, "compression-type", "compression type",
-           s->compression_type == QCOW2_COMPRESSION_ZSTD ? "zstd" : "zlib");
-    if (s->version >= 3)
-        kv_num(info, "lazy-refcounts", "lazy refcounts", BI_KV_BOOL,
-               (s->compat & QCOW2_COMPAT_LAZY_REFCOUNTS) != 0);
-    if (s->nb_bitmaps && s->bitmaps)
-        bitmaps_kv(s, info);
-    kv_num(info, "refcount-bits", "refcount bits", BI_KV_INT, s->refcount_bits);
-    if (s->crypt_method &&
-        info->n_specific < (int)BI_ARRAY_SIZE(info->specific)) {
-        struct bi_kv *kv = &info->specific[info->n_specific++];
-        memset(kv, 0, sizeof(*kv));
-        snprintf(kv->json_key, sizeof(kv->json_key), "encrypt");
-        snprintf(kv->human_key, sizeof(kv->human_key), "encrypt");
-        kv->type = BI_KV_JSON;
-        if (s->luks_json)
-            kv->json = bi_xasprintf("%s", s->luks_json);
-        else
-            snprintf(kv->str, sizeof(kv->str), "{\"format\": \"%s\"}",
-                     s->crypt_method == 1 ? "aes" : "luks");
-    }
-    if (s->version >= 3) {
-        if (s->data_file_name || qc_has_data_file(s)) {
-            if (s->data_file_name)
-                kv_str(info, "data-file", "data file", s->data_file_name);
-            kv_num(info, "data-file-raw", "data file raw", BI_KV_BOOL,
-                   s->data_file_raw);
-        }
-        kv_num(info, "corrupt", "corrupt", BI_KV_BOOL,
-               (s->incompat & QCOW2_INCOMPAT_CORRUPT) != 0);
-        kv_num(info, "extended-l2", "extended l2", BI_KV_BOOL, s->ext_l2);
-    }
+    info->specific = specific_value(s);
 
     if (s->nb_snapshots) {
         info->snapshots = calloc(s->nb_snapshots, sizeof(*info->snapshots));

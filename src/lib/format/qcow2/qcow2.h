@@ -207,7 +207,7 @@ typedef struct qcow2_state {
     uint32_t crypt_method;
     bool has_crypto_hdr; /* the "full disk encryption" header extension */
     uint64_t crypto_hdr_offset, crypto_hdr_length;
-    char *luks_json; /* info's "encrypt" object of a LUKS image */
+    bi_value *luks_info; /* info's "encrypt" object of a LUKS image */
     uint64_t csize_shift, csize_mask, cluster_offset_mask;
 
     uint32_t nb_snapshots;
@@ -437,9 +437,9 @@ int qc_error(bi_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* ---- LUKS header, for info only (qcow2_luks.c) ---- */
-/* Parses the LUKS1 header h (len bytes) into *json, qemu-img info's
- * "encrypt" object (malloc'd). */
-int qc_luks_info(const uint8_t *h, size_t len, char **json, bi_error *err);
+/* Parses the LUKS1 header h (len bytes) into *info, qemu-img info's
+ * "encrypt" object (the caller frees it). */
+int qc_luks_info(const uint8_t *h, size_t len, bi_value **info, bi_error *err);
 
 /* ---- persistent dirty bitmaps (qcow2_bitmap.c) ---- */
 /* Validates the bitmaps of a consistent extension (one error for a damaged

@@ -5,7 +5,7 @@
  * `info` only (no key is ever handled here: data I/O stays refused).
  *
  * The result is the "encrypt" object of qemu-img info's format-specific
- * data, as JSON text: format, cipher-alg, cipher-mode, ivgen-alg
+ * data, as a value: format, cipher-alg, cipher-mode, ivgen-alg
  * (ivgen-hash-alg for essiv), hash-alg, payload-offset, master-key-iters,
  * uuid and the eight key slots.
  */
@@ -84,13 +84,13 @@ static int luks_err(bi_error *err, const char *msg)
     return -EINVAL;
 }
 
-int qc_luks_info(const uint8_t *h, size_t len, char **json, bi_error *err)
+int qc_luks_info(const uint8_t *h, size_t len, bi_value **info, bi_error *err)
 {
     static const uint8_t magic[6] = {'L', 'U', 'K', 'S', 0xba, 0xbe};
     char cname[33], cmode[33], hspec[33], uuid[41];
     char alg[64], mode[33], ivgen[33], ivhash[33];
 
-    *json = NULL;
+    *info = NULL;
     if (len < LUKS_HDR_SIZE)
         return luks_err(err, "LUKS header is truncated");
     if (memcmp(h, magic, sizeof(magic)))
@@ -147,43 +147,40 @@ int qc_luks_info(const uint8_t *h, size_t len, char **json, bi_error *err)
         if (*c < 0x20 || *c > 0x7e || *c == '"' || *c == '\\')
             return luks_err(err, "LUKS header has an invalid UUID");
 
-    char slots[LUKS_SLOTS * 96 + 8];
-    size_t pos = 0;
+    bi_value *slots = bi_value_array();
     for (int i = 0; i < LUKS_SLOTS; i++) {
         const uint8_t *ks = h + 208 + 48 * i;
         uint32_t active = qc_get32(ks), iters = qc_get32(ks + 4);
         uint64_t key_off = qc_get32(ks + 40) * LUKS_SECTOR;
         uint32_t stripes = qc_get32(ks + 44);
         if (active != LUKS_SLOT_ACTIVE && active != LUKS_SLOT_INACTIVE) {
+            bi_value_free(slots);
             bi_error_set(err, EINVAL,
                          "Key slot %d state is neither active nor inactive", i);
             return -EINVAL;
         }
-        int w;
+        bi_value *slot = bi_value_object();
+        bi_value_set_bool(slot, "active", active == LUKS_SLOT_ACTIVE);
         if (active == LUKS_SLOT_ACTIVE)
-            w = snprintf(slots + pos, sizeof(slots) - pos,
-                         "%s{\"active\": true, \"iters\": %u, \"key-offset\": "
-                         "%llu, \"stripes\": %u}",
-                         i ? ", " : "", iters, (unsigned long long)key_off,
-                         stripes);
-        else
-            w = snprintf(slots + pos, sizeof(slots) - pos,
-                         "%s{\"active\": false, \"key-offset\": %llu}",
-                         i ? ", " : "", (unsigned long long)key_off);
-        if (w < 0 || (size_t)w >= sizeof(slots) - pos)
-            return -EOVERFLOW;
-        pos += (size_t)w;
+            bi_value_set_int(slot, "iters", iters);
+        bi_value_set_uint(slot, "key-offset", key_off);
+        if (active == LUKS_SLOT_ACTIVE)
+            bi_value_set_int(slot, "stripes", stripes);
+        bi_value_append(slots, slot);
     }
 
-    char ivh[64] = "";
+    bi_value *v = bi_value_object();
+    bi_value_set_string(v, "format", "luks");
+    bi_value_set_string(v, "cipher-alg", alg);
+    bi_value_set_string(v, "cipher-mode", mode);
+    bi_value_set_string(v, "ivgen-alg", ivgen);
     if (ivhash[0])
-        snprintf(ivh, sizeof(ivh), "\"ivgen-hash-alg\": \"%s\", ", ivhash);
-    *json = bi_xasprintf(
-        "{\"format\": \"luks\", \"cipher-alg\": \"%s\", \"cipher-mode\": "
-        "\"%s\", \"ivgen-alg\": \"%s\", %s\"hash-alg\": \"%s\", "
-        "\"payload-offset\": %llu, \"master-key-iters\": %u, \"uuid\": "
-        "\"%s\", \"slots\": [%s]}",
-        alg, mode, ivgen, ivh, hspec,
-        (unsigned long long)(payload * LUKS_SECTOR), mk_iters, uuid, slots);
+        bi_value_set_string(v, "ivgen-hash-alg", ivhash);
+    bi_value_set_string(v, "hash-alg", hspec);
+    bi_value_set_uint(v, "payload-offset", (uint64_t)payload * LUKS_SECTOR);
+    bi_value_set_int(v, "master-key-iters", mk_iters);
+    bi_value_set_string(v, "uuid", uuid);
+    bi_value_set(v, "slots", slots);
+    *info = v;
     return 0;
 }
