@@ -288,8 +288,9 @@ struct bi_snapshot_info {
 struct bi_image_info {
     char format[32];
     uint64_t virtual_size;
-    int64_t actual_size;   /* -1 if unknown */
-    uint64_t cluster_size; /* 0 if none */
+    int64_t actual_size;      /* -1 if unknown */
+    uint64_t cluster_size;    /* 0 if none */
+    uint64_t vm_state_offset; /* where VM state is kept; 0 if none */
     bool encrypted;
     bool has_dirty_flag;
     bool dirty_flag;

@@ -1485,22 +1485,6 @@ static const struct cmdinfo length_cmd = {
     .oneline = "gets the length of the current file",
 };
 
-/* Where qcow2 keeps VM state: past the guest range covered by whole L1
- * entries (one L2 table's worth of clusters each). */
-static uint64_t vm_state_offset(const struct bi_image_info *info)
-{
-    uint64_t cs = info->cluster_size, entry = 8, per_l1;
-
-    if (strcmp(info->format, "qcow2") != 0 || cs == 0) {
-        return 0;
-    }
-    if (bi_value_get_bool(bi_value_get(info->specific, "extended-l2"))) {
-        entry = 16;
-    }
-    per_l1 = cs * (cs / entry);
-    return bi_align_up(info->virtual_size, per_l1);
-}
-
 static int info_f(int argc, char **argv)
 {
     struct bi_image_info *info = bi_xzalloc(sizeof(*info));
@@ -1523,7 +1507,7 @@ static int info_f(int argc, char **argv)
         return ret;
     }
     cvtstr((double)info->cluster_size, s1, sizeof(s1));
-    cvtstr((double)vm_state_offset(info), s2, sizeof(s2));
+    cvtstr((double)info->vm_state_offset, s2, sizeof(s2));
     printf("cluster size: %s\n", s1);
     printf("vm state offset: %s\n", s2);
     if (info->specific) {

@@ -58,6 +58,21 @@ enum bi_map_flags {
 
 struct bi_check_result; /* format-specific; see blkimg/qcow2.h */
 
+/* A format's layout facts, for the generic layer and the copy engine. */
+struct bi_geometry {
+    /* The allocation unit (cluster, grain, block): writes that change the
+     * mapping are serialised at it, compressed writes come in multiples of
+     * it, the copy engine cuts chunks at it. 0: none. */
+    uint64_t cluster_size;
+    /* Block status never reports a run past a multiple of this (QEMU reads
+     * one metadata table per query: qcow2's L2 table); commit and rebase
+     * cut their runs there so that they allocate as QEMU does. 0: none. */
+    uint64_t status_span;
+    /* Where the VM state lives, past the guest data (qemu-io's info);
+     * 0: no VM state. */
+    uint64_t vm_state_offset;
+};
+
 /* co_block_status only (never returned to callers): the data run lies on
  * a file whose holes read as zeroes, so the generic layer refines it with
  * the host node's status (QEMU's BDRV_BLOCK_RECURSE; qcow2 sets it for
@@ -107,8 +122,8 @@ struct bi_driver {
      * (the file end goes to a sector boundary). */
     int (*co_pwrite_compressed)(bi_node *n, uint64_t off, const void *buf,
                                 uint64_t len);
-    /* Serialisation granularity for writes (formats; 0 = none). */
-    uint64_t (*write_granularity)(bi_node *n);
+    /* Formats: the layout facts (the struct comes zeroed). */
+    void (*get_geometry)(bi_node *n, struct bi_geometry *g);
 
     /* Both kinds. */
     int (*co_pwrite_zeroes)(bi_node *n, uint64_t off, uint64_t len, int flags);
@@ -204,6 +219,9 @@ int bi_co_block_status(bi_node *n, uint64_t off, uint64_t len,
 /* Writes clusters compressed through the format driver. */
 int bi_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
                             uint64_t len);
+
+/* The node's geometry (all zero for drivers without one). */
+void bi_node_geometry(bi_node *n, struct bi_geometry *g);
 
 /* Runs fn(arg) in a fresh coroutine and waits for it (from the main
  * context: polls the loop; from a coroutine: calls fn directly). */

@@ -125,7 +125,7 @@ struct cv_state {
     uint64_t tcluster;           /* commit: target cluster size (0: none) */
     uint64_t old_size, new_size; /* rebase: backing file sizes */
     /* commit and rebase: for each image of src[0]'s chain (0 = src[0]),
-     * the guest bytes one L2 table maps (qcow2; 0 for other formats) */
+     * its geometry's status span (0: none) */
     uint64_t spans[64];
     int n_spans;
 };
@@ -308,9 +308,10 @@ static int64_t cursor_next(struct cv_state *s, struct cv_cursor *c,
 #define COMMIT_RUN_MAX (16ULL * 1024 * 1024) /* QEMU mirror's buffer */
 #define REBASE_STEP (2ULL * 1024 * 1024)     /* qemu-img's IO_BUF_SIZE */
 
-/* QEMU's qcow2 block status never reports past the L2 table (slice) it
- * looked at, and the layers below only answer for what the layer above
- * left: cuts n at the end of the L2 tables at pos of the images first ..
+/* QEMU's block status never reports past the metadata table it looked at
+ * (the geometry's status span: qcow2's L2 table), and the layers below only
+ * answer for what the layer above left: cuts n at the end of the spans at
+ * pos of the images first ..
  * first + depth of the chain. (Commit decides zero writes by these run
  * lengths: the same cuts give the same allocation.) */
 static uint64_t span_cut(const struct cv_state *s, int first, int depth,
@@ -1245,17 +1246,9 @@ static uint64_t pow2floor(uint64_t v)
 
 static uint64_t node_cluster(bi_node *n)
 {
-    struct bi_image_info info;
-    bi_error e;
-    uint64_t c = 0;
-
-    bi_error_init(&e);
-    memset(&info, 0, sizeof(info));
-    if (bi_get_info(n, &info, &e) == 0) {
-        c = info.cluster_size;
-        bi_info_free(&info);
-    }
-    return c;
+    struct bi_geometry g;
+    bi_node_geometry(n, &g);
+    return g.cluster_size;
 }
 
 /* Commit and rebase: what they take and how they differ from convert. */
@@ -1272,21 +1265,9 @@ static int setup_mode(struct cv_state *s, bi_error *err)
     s->min_sparse = 0;
     for (bi_node *n = o->src[0]; n && s->n_spans < (int)BI_ARRAY_SIZE(s->spans);
          n = bi_node_backing(n)) {
-        struct bi_image_info info;
-        bi_error e;
-        uint64_t span = 0;
-        bi_error_init(&e);
-        memset(&info, 0, sizeof(info));
-        if (!strcmp(bi_node_format(n), "qcow2") &&
-            bi_get_info(n, &info, &e) == 0) {
-            uint64_t entry = 8;
-            if (bi_value_get_bool(bi_value_get(info.specific, "extended-l2"))) {
-                entry = 16;
-            }
-            span = info.cluster_size / entry * info.cluster_size;
-            bi_info_free(&info);
-        }
-        s->spans[s->n_spans++] = span;
+        struct bi_geometry g;
+        bi_node_geometry(n, &g);
+        s->spans[s->n_spans++] = g.status_span;
     }
     if (o->mode == BI_COPY_COMMIT) {
         int64_t dlen = bi_getlength(o->dst);

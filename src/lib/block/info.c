@@ -8,9 +8,20 @@
 #include <stdlib.h>
 #include <string.h>
 
+void bi_node_geometry(bi_node *n, struct bi_geometry *g)
+{
+    memset(g, 0, sizeof(*g));
+    if (n->drv->get_geometry)
+        n->drv->get_geometry(n, g);
+}
+
 int bi_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
 {
+    struct bi_geometry g;
     memset(info, 0, sizeof(*info));
+    bi_node_geometry(n, &g);
+    info->cluster_size = g.cluster_size;
+    info->vm_state_offset = g.vm_state_offset;
     snprintf(info->format, sizeof(info->format), "%s", n->drv->name);
     info->virtual_size = n->size;
     info->actual_size = bi_allocated_file_size(n);

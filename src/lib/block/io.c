@@ -60,14 +60,15 @@ static void track_end(struct bi_tracked_req *req)
 }
 
 /* Format nodes serialise every request that changes the mapping at the
- * driver's granularity (the cluster size for qcow2), so overlapping
+ * driver's allocation unit (its geometry's cluster size), so overlapping
  * allocating writes, zero writes and discards of one cluster never race.
  * Returns whether req was tracked. */
 static bool fmt_track_begin(bi_node *n, struct bi_tracked_req *req,
                             uint64_t off, uint64_t len)
 {
-    uint64_t gran =
-        n->drv->write_granularity ? n->drv->write_granularity(n) : 0;
+    struct bi_geometry g;
+    bi_node_geometry(n, &g);
+    uint64_t gran = g.cluster_size;
     if (!gran)
         return false;
     track_begin(n, req, bi_align_down(off, gran), bi_align_up(off + len, gran),
@@ -645,8 +646,9 @@ struct compressed_args {
 static int compressed_fn(void *opaque)
 {
     struct compressed_args *a = opaque;
-    uint64_t gran =
-        a->n->drv->write_granularity ? a->n->drv->write_granularity(a->n) : 0;
+    struct bi_geometry g;
+    bi_node_geometry(a->n, &g);
+    uint64_t gran = g.cluster_size;
     if (!gran || !a->n->drv->co_pwrite_compressed)
         return -ENOTSUP;
     if (!bi_is_aligned(a->off, gran))

@@ -902,10 +902,16 @@ static void qcow2_refresh_limits(bi_node *n)
     n->limits.max_transfer = 0;
 }
 
-static uint64_t qcow2_write_granularity(bi_node *n)
+/* Clusters; one L2 table's guest range bounds a block status answer (as
+ * in QEMU) and the VM state starts at the first such range past the end of
+ * the guest data. */
+static void qcow2_get_geometry(bi_node *n, struct bi_geometry *g)
 {
     qcow2_state *s = n->opaque;
-    return s->cluster_size;
+    uint64_t span = s->cluster_size << s->l2_bits;
+    g->cluster_size = s->cluster_size;
+    g->status_span = span;
+    g->vm_state_offset = bi_align_up(n->size, span);
 }
 
 static int qcow2_co_flush(bi_node *n)
@@ -987,7 +993,6 @@ static bi_value *specific_value(const qcow2_state *s)
 static int qcow2_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
 {
     qcow2_state *s = n->opaque;
-    info->cluster_size = s->cluster_size;
     info->encrypted = s->crypt_method != 0;
     info->has_dirty_flag = true;
     info->dirty_flag = (s->incompat & QCOW2_INCOMPAT_DIRTY) != 0;
@@ -1033,7 +1038,7 @@ const struct bi_driver bi_drv_qcow2 = {
     .co_write_done = qcow2_co_write_done,
     .co_read_compressed = qcow2_co_read_compressed,
     .co_pwrite_compressed = qcow2_co_pwrite_compressed,
-    .write_granularity = qcow2_write_granularity,
+    .get_geometry = qcow2_get_geometry,
     .co_pwrite_zeroes = qcow2_co_pwrite_zeroes,
     .co_pdiscard = qcow2_co_pdiscard,
     .co_flush = qcow2_co_flush,
