@@ -6,7 +6,7 @@
  * actions before it stay done) with "Operation ... failed" and exit 1.
  */
 #include "blkimg/blkimg.h"
-#include "blkimg/qcow2.h"
+#include "blkimg/image_ops.h"
 #include "common.h"
 #include "img.h"
 #include "util/util.h"

@@ -7,7 +7,7 @@
  */
 #include "blkimg/blkimg.h"
 #include "blkimg/convert.h"
-#include "blkimg/qcow2.h"
+#include "blkimg/image_ops.h"
 #include "common.h"
 #include "img.h"
 #include "util/util.h"

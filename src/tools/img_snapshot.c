@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* blkimg snapshot: qemu-img snapshot compatible (-l, -c, -a, -d). */
 #include "blkimg/blkimg.h"
-#include "blkimg/qcow2.h"
+#include "blkimg/image_ops.h"
 #include "common.h"
 #include "img.h"
 

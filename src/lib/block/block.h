@@ -56,7 +56,10 @@ enum bi_map_flags {
     BI_MAP_WRITE = 1 << 0, /* allocate as needed; len may be cut short */
 };
 
-struct bi_check_result; /* format-specific; see blkimg/qcow2.h */
+struct bi_check_result; /* blkimg/qcow2.h */
+struct bi_snapshot_info;
+struct bi_bitmap_info;
+struct bi_measure; /* blkimg/convert.h */
 
 /* A format's layout facts, for the generic layer and the copy engine. */
 struct bi_geometry {
@@ -78,6 +81,48 @@ struct bi_geometry {
  * the host node's status (QEMU's BDRV_BLOCK_RECURSE; qcow2 sets it for
  * metadata-preallocated images). */
 #define BI_BS_RECURSE (1u << 16)
+
+/* Internal snapshots (blkimg/image_ops.h). The co_* calls run in a
+ * coroutine; errors carry QEMU's words. */
+struct bi_snapshot_ops {
+    /* A snapshot of the current state named name (read-write node). */
+    int (*co_create)(bi_node *n, const char *name, bi_error *err);
+    /* Reverts to / deletes the snapshot with that id or name. */
+    int (*co_apply)(bi_node *n, const char *name_or_id, bi_error *err);
+    int (*co_delete)(bi_node *n, const char *name_or_id, bi_error *err);
+    /* A read-only node reads the snapshot with that id and/or name (one
+     * may be NULL) until it is closed. */
+    int (*co_load_tmp)(bi_node *n, const char *id, const char *name,
+                       bi_error *err);
+    /* The snapshots: *out malloc'd (NULL when none), *count entries. */
+    int (*list)(bi_node *n, struct bi_snapshot_info **out, int *count);
+};
+
+/* One change to the persistent dirty bitmaps (blkimg/image_ops.h). */
+enum bi_bitmap_op {
+    BI_BITMAP_ADD, /* granularity (0: default), disabled */
+    BI_BITMAP_REMOVE,
+    BI_BITMAP_CLEAR,
+    BI_BITMAP_ENABLE, /* enable: true enables, false disables */
+    BI_BITMAP_MERGE,  /* every bit of src's bitmap src_name into name */
+};
+struct bi_bitmap_req {
+    enum bi_bitmap_op op;
+    const char *name;
+    uint64_t granularity;
+    bool flag; /* ADD: disabled; ENABLE: enable */
+    bi_node *src;
+    const char *src_name;
+};
+struct bi_bitmap_ops {
+    /* The node can hold persistent bitmaps now (e.g. qcow2 v3). */
+    bool (*supported)(bi_node *n);
+    /* The bitmaps in directory order: *out malloc'd, *count entries. */
+    int (*list)(bi_node *n, struct bi_bitmap_info **out, int *count);
+    /* One crash-safe change, in a coroutine. MERGE: src (never NULL) has
+     * bitmap ops too. */
+    int (*co_change)(bi_node *n, const struct bi_bitmap_req *r, bi_error *err);
+};
 
 struct bi_driver {
     const char *name;
@@ -145,6 +190,8 @@ struct bi_driver {
     int (*co_make_empty)(bi_node *n);
     int (*amend)(bi_node *n, const char *const *options, bool force,
                  bi_amend_status_cb *cb, void *opaque, bi_error *err);
+    const struct bi_snapshot_ops *snapshot; /* NULL: no snapshots */
+    const struct bi_bitmap_ops *bitmap;     /* NULL: no bitmaps */
 };
 
 /* A write (or RMW) in flight, for overlap serialisation. */

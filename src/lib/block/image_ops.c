@@ -122,3 +122,186 @@ int bi_amend(bi_node *n, const char *const *options, bool force,
     }
     return n->drv->amend(n, options, force, cb, opaque, err);
 }
+
+/* ------------------------------------------------------------ snapshots */
+
+enum snap_op { SNAP_CREATE, SNAP_APPLY, SNAP_DELETE };
+
+struct snap_args {
+    bi_node *n;
+    enum snap_op op;
+    const char *name, *id; /* load_tmp: id and name; others: name */
+    bi_error *err;
+};
+
+static int snap_co(void *opaque)
+{
+    struct snap_args *a = opaque;
+    const struct bi_snapshot_ops *ops = a->n->drv->snapshot;
+    switch (a->op) {
+    case SNAP_CREATE:
+        return ops->co_create(a->n, a->name, a->err);
+    case SNAP_APPLY:
+        return ops->co_apply(a->n, a->name, a->err);
+    default:
+        return ops->co_delete(a->n, a->name, a->err);
+    }
+}
+
+/* Runs one snapshot operation, or refuses it as QEMU does for a format
+ * without snapshots. */
+static int snap_op(bi_node *n, const char *name, enum snap_op op, bi_error *err)
+{
+    static const char *const what[] = {"create", "apply", "delete"};
+    if (!n->drv->snapshot) {
+        bi_error_set(err, 0,
+                     "Could not %s snapshot '%s': -95 (Operation not "
+                     "supported)",
+                     what[op], name);
+        return -ENOTSUP;
+    }
+    struct snap_args a = {n, op, name, NULL, err};
+    return bi_run_co(snap_co, &a);
+}
+
+int bi_snapshot_create(bi_node *node, const char *name, bi_error *err)
+{
+    return snap_op(node, name, SNAP_CREATE, err);
+}
+
+int bi_snapshot_apply(bi_node *node, const char *name, bi_error *err)
+{
+    return snap_op(node, name, SNAP_APPLY, err);
+}
+
+int bi_snapshot_delete(bi_node *node, const char *name, bi_error *err)
+{
+    return snap_op(node, name, SNAP_DELETE, err);
+}
+
+static int load_tmp_co(void *opaque)
+{
+    struct snap_args *a = opaque;
+    return a->n->drv->snapshot->co_load_tmp(a->n, a->id, a->name, a->err);
+}
+
+int bi_snapshot_load_tmp(bi_node *node, const char *id, const char *name,
+                         bi_error *err)
+{
+    if (!node->drv->snapshot) {
+        bi_error_set(err, 0,
+                     "Block format '%s' used by device '' does not support "
+                     "temporarily loading internal snapshots",
+                     node->drv->name);
+        return -ENOTSUP;
+    }
+    struct snap_args a = {node, SNAP_APPLY, name, id, err};
+    return bi_run_co(load_tmp_co, &a);
+}
+
+int bi_snapshot_list(bi_node *node, struct bi_snapshot_info **out, int *count,
+                     bi_error *err)
+{
+    (void)err;
+    *out = NULL;
+    *count = 0;
+    return node->drv->snapshot ? node->drv->snapshot->list(node, out, count)
+                               : 0;
+}
+
+/* -------------------------------------------------------------- bitmaps */
+
+struct bitmap_args {
+    bi_node *n;
+    const struct bi_bitmap_req *r;
+    bi_error *err;
+};
+
+static int bitmap_co(void *opaque)
+{
+    struct bitmap_args *a = opaque;
+    return a->n->drv->bitmap->co_change(a->n, a->r, a->err);
+}
+
+/* Runs one bitmap change, or refuses it with QEMU's words where the node
+ * (or the merge source) has no bitmaps: nothing to store to, nothing
+ * found. */
+static int bitmap_change(bi_node *n, struct bi_bitmap_req *r, bi_error *err)
+{
+    if (!n->drv->bitmap) {
+        if (r->op == BI_BITMAP_ADD) {
+            bi_error_set(err, 0, "Can't store persistent bitmaps to %s: %s",
+                         n->filename, strerror(ENOTSUP));
+            return -ENOTSUP;
+        }
+        bi_error_set(err, 0, "Dirty bitmap '%s' not found", r->name);
+        return -ENOENT;
+    }
+    if (r->op == BI_BITMAP_MERGE && !r->src->drv->bitmap) {
+        bi_error_set(err, 0, "Dirty bitmap '%s' not found", r->src_name);
+        return -ENXIO;
+    }
+    struct bitmap_args a = {n, r, err};
+    return bi_run_co(bitmap_co, &a);
+}
+
+int bi_bitmap_add(bi_node *node, const char *name, uint64_t granularity,
+                  bool disabled, bi_error *err)
+{
+    struct bi_bitmap_req r = {.op = BI_BITMAP_ADD,
+                              .name = name,
+                              .granularity = granularity,
+                              .flag = disabled};
+    return bitmap_change(node, &r, err);
+}
+
+int bi_bitmap_remove(bi_node *node, const char *name, bi_error *err)
+{
+    struct bi_bitmap_req r = {.op = BI_BITMAP_REMOVE, .name = name};
+    return bitmap_change(node, &r, err);
+}
+
+int bi_bitmap_clear(bi_node *node, const char *name, bi_error *err)
+{
+    struct bi_bitmap_req r = {.op = BI_BITMAP_CLEAR, .name = name};
+    return bitmap_change(node, &r, err);
+}
+
+int bi_bitmap_enable(bi_node *node, const char *name, bool enable,
+                     bi_error *err)
+{
+    struct bi_bitmap_req r = {
+        .op = BI_BITMAP_ENABLE, .name = name, .flag = enable};
+    return bitmap_change(node, &r, err);
+}
+
+int bi_bitmap_merge(bi_node *node, const char *name, bi_node *src,
+                    const char *src_name, bi_error *err)
+{
+    struct bi_bitmap_req r = {.op = BI_BITMAP_MERGE,
+                              .name = name,
+                              .src = src ? src : node,
+                              .src_name = src_name};
+    return bitmap_change(node, &r, err);
+}
+
+bool bi_bitmap_supported(bi_node *node)
+{
+    return node->drv->bitmap && node->drv->bitmap->supported(node);
+}
+
+int bi_bitmap_list(bi_node *node, struct bi_bitmap_info **out, int *count)
+{
+    *out = NULL;
+    *count = 0;
+    if (!node->drv->bitmap)
+        return -ENOTSUP;
+    return node->drv->bitmap->list(node, out, count);
+}
+
+void bi_bitmap_list_free(struct bi_bitmap_info *v, int count)
+{
+    for (int i = 0; v && i < count; i++)
+        free(v[i].name);
+    free(v);
+}

@@ -43,6 +43,12 @@ int bi_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
     if (n->backing_format)
         snprintf(info->backing_format, sizeof(info->backing_format), "%s",
                  n->backing_format);
+    if (n->drv->snapshot) {
+        int ret =
+            n->drv->snapshot->list(n, &info->snapshots, &info->n_snapshots);
+        if (ret < 0)
+            return ret;
+    }
     if (n->drv->get_info)
         return n->drv->get_info(n, info, err);
     return 0;

@@ -1003,24 +1003,6 @@ static int qcow2_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
         snprintf(info->backing_format, sizeof(info->backing_format), "%s",
                  s->backing_format);
     info->specific = specific_value(s);
-
-    if (s->nb_snapshots) {
-        info->snapshots = calloc(s->nb_snapshots, sizeof(*info->snapshots));
-        if (!info->snapshots)
-            return -ENOMEM;
-        info->n_snapshots = (int)s->nb_snapshots;
-        for (uint32_t i = 0; i < s->nb_snapshots; i++) {
-            struct bi_snapshot_info *si = &info->snapshots[i];
-            const struct qcow2_snapshot *sn = &s->snapshots[i];
-            snprintf(si->id, sizeof(si->id), "%s", sn->id_str);
-            snprintf(si->name, sizeof(si->name), "%s", sn->name);
-            si->vm_state_size = sn->vm_state_size;
-            si->date_sec = sn->date_sec;
-            si->date_nsec = sn->date_nsec;
-            si->vm_clock_nsec = sn->vm_clock_nsec;
-            si->icount = sn->has_icount ? sn->icount : UINT64_MAX;
-        }
-    }
     return 0;
 }
 
@@ -1050,4 +1032,6 @@ const struct bi_driver bi_drv_qcow2 = {
     .change_backing_file = qcow2_change_backing_file,
     .co_make_empty = qcow2_co_make_empty,
     .amend = qcow2_amend,
+    .snapshot = &qc_snapshot_ops,
+    .bitmap = &qc_bitmap_ops,
 };

@@ -390,6 +390,10 @@ int qc_before_write(bi_node *n);
 /* Before metadata-only changes (repairs): unknown autoclear bits only;
  * the guest data, and so the bitmaps, stay valid. */
 int qc_before_meta_write(bi_node *n);
+/* The driver's snapshot and bitmap operations (qcow2_snapshot.c,
+ * qcow2_bitmap.c). */
+extern const struct bi_snapshot_ops qc_snapshot_ops;
+extern const struct bi_bitmap_ops qc_bitmap_ops;
 int qc_snapshot_create(bi_node *n, const char *name, bi_error *err);
 int qc_snapshot_apply(bi_node *n, const char *name, bi_error *err);
 int qc_snapshot_delete(bi_node *n, const char *name, bi_error *err);

@@ -1637,69 +1637,35 @@ static int bm_action_co(void *opaque)
     return ret;
 }
 
-static int bm_action(struct bm_act *a)
+/* A request of the generic layer as this file's action, under the lock. */
+static int qc_bitmap_change(bi_node *n, const struct bi_bitmap_req *r,
+                            bi_error *err)
 {
-    if (a->n->drv != &bi_drv_qcow2) {
-        if (a->op == ACT_ADD)
-            return qc_error(a->err, -ENOTSUP,
-                            "Can't store persistent bitmaps to %s: %s",
-                            a->n->filename, strerror(ENOTSUP));
-        return qc_error(a->err, -ENOENT, "Dirty bitmap '%s' not found",
-                        a->name);
-    }
-    if (a->op == ACT_MERGE && a->src != a->n && a->src->drv != &bi_drv_qcow2)
-        return qc_error(a->err, -ENXIO, "Dirty bitmap '%s' not found",
-                        a->src_name);
-    return bi_run_co(bm_action_co, a);
+    static const int ops[] = {
+        [BI_BITMAP_ADD] = ACT_ADD,     [BI_BITMAP_REMOVE] = ACT_REMOVE,
+        [BI_BITMAP_CLEAR] = ACT_CLEAR, [BI_BITMAP_ENABLE] = ACT_ENABLE,
+        [BI_BITMAP_MERGE] = ACT_MERGE,
+    };
+    struct bm_act a = {n,       ops[r->op], r->name,     r->granularity,
+                       r->flag, r->src,     r->src_name, err};
+    /* a source of another format: its bitmaps are not ours to read */
+    if (r->op == BI_BITMAP_MERGE && r->src->drv != n->drv)
+        return qc_error(err, -ENXIO, "Dirty bitmap '%s' not found",
+                        r->src_name);
+    return bm_action_co(&a);
 }
 
-int bi_bitmap_add(bi_node *node, const char *name, uint64_t granularity,
-                  bool disabled, bi_error *err)
+static bool qc_bitmap_supported(bi_node *node)
 {
-    struct bm_act a = {node,     ACT_ADD, name, granularity,
-                       disabled, NULL,    NULL, err};
-    return bm_action(&a);
+    return ((qcow2_state *)node->opaque)->version >= 3;
 }
 
-int bi_bitmap_remove(bi_node *node, const char *name, bi_error *err)
-{
-    struct bm_act a = {node, ACT_REMOVE, name, 0, false, NULL, NULL, err};
-    return bm_action(&a);
-}
-
-int bi_bitmap_clear(bi_node *node, const char *name, bi_error *err)
-{
-    struct bm_act a = {node, ACT_CLEAR, name, 0, false, NULL, NULL, err};
-    return bm_action(&a);
-}
-
-int bi_bitmap_enable(bi_node *node, const char *name, bool enable,
-                     bi_error *err)
-{
-    struct bm_act a = {node, ACT_ENABLE, name, 0, enable, NULL, NULL, err};
-    return bm_action(&a);
-}
-
-int bi_bitmap_merge(bi_node *node, const char *name, bi_node *src,
-                    const char *src_name, bi_error *err)
-{
-    struct bm_act a = {node,  ACT_MERGE,        name,     0,
-                       false, src ? src : node, src_name, err};
-    return bm_action(&a);
-}
-
-bool bi_bitmap_supported(bi_node *node)
-{
-    return node->drv == &bi_drv_qcow2 &&
-           ((qcow2_state *)node->opaque)->version >= 3;
-}
-
-int bi_bitmap_list(bi_node *node, struct bi_bitmap_info **out, int *count)
+/* The directory as the library lists it. */
+static int qc_bitmap_list(bi_node *node, struct bi_bitmap_info **out,
+                          int *count)
 {
     *out = NULL;
     *count = 0;
-    if (node->drv != &bi_drv_qcow2)
-        return -ENOTSUP;
     qcow2_state *s = node->opaque;
     if (!s->bitmaps || !s->nb_bitmaps)
         return 0;
@@ -1722,9 +1688,8 @@ int bi_bitmap_list(bi_node *node, struct bi_bitmap_info **out, int *count)
     return 0;
 }
 
-void bi_bitmap_list_free(struct bi_bitmap_info *v, int count)
-{
-    for (int i = 0; v && i < count; i++)
-        free(v[i].name);
-    free(v);
-}
+const struct bi_bitmap_ops qc_bitmap_ops = {
+    .supported = qc_bitmap_supported,
+    .list = qc_bitmap_list,
+    .co_change = qc_bitmap_change,
+};

@@ -598,13 +598,6 @@ out:
 
 /* ------------------------------------------------------------ public API */
 
-struct snap_args {
-    bi_node *n;
-    const char *name;
-    int op;
-    bi_error *err;
-};
-
 /* qemu's bdrv_snapshot_load_tmp() for qcow2: a read-only image reads
  * through the snapshot's L1 table from now on (the virtual size stays the
  * image's, as in QEMU). id and name: either or both (both must match). */
@@ -647,78 +640,13 @@ static int qc_snapshot_load_tmp(bi_node *n, const char *id, const char *name,
     return 0;
 }
 
-struct load_tmp_args {
-    bi_node *n;
-    const char *id, *name;
-    bi_error *err;
-};
-
-static int load_tmp_co(void *opaque)
+/* The snapshot table as the library lists it. */
+static int qc_snapshot_list(bi_node *node, struct bi_snapshot_info **out,
+                            int *count)
 {
-    struct load_tmp_args *a = opaque;
-    return qc_snapshot_load_tmp(a->n, a->id, a->name, a->err);
-}
-
-int bi_snapshot_load_tmp(bi_node *node, const char *id, const char *name,
-                         bi_error *err)
-{
-    if (node->drv != &bi_drv_qcow2)
-        return qc_error(err, -ENOTSUP,
-                        "Block format '%s' used by device '' does not support "
-                        "temporarily loading internal snapshots",
-                        node->drv->name);
-    struct load_tmp_args a = {node, id, name, err};
-    return bi_run_co(load_tmp_co, &a);
-}
-
-static int snap_co(void *opaque)
-{
-    struct snap_args *a = opaque;
-    switch (a->op) {
-    case 0:
-        return qc_snapshot_create(a->n, a->name, a->err);
-    case 1:
-        return qc_snapshot_apply(a->n, a->name, a->err);
-    default:
-        return qc_snapshot_delete(a->n, a->name, a->err);
-    }
-}
-
-static int snap_op(bi_node *n, const char *name, int op, bi_error *err)
-{
-    static const char *const what[] = {"create", "apply", "delete"};
-    if (n->drv != &bi_drv_qcow2)
-        return qc_error(err, -ENOTSUP,
-                        "Could not %s snapshot '%s': -95 "
-                        "(Operation not supported)",
-                        what[op], name);
-    struct snap_args a = {n, name, op, err};
-    return bi_run_co(snap_co, &a);
-}
-
-int bi_snapshot_create(bi_node *node, const char *name, bi_error *err)
-{
-    return snap_op(node, name, 0, err);
-}
-
-int bi_snapshot_apply(bi_node *node, const char *name, bi_error *err)
-{
-    return snap_op(node, name, 1, err);
-}
-
-int bi_snapshot_delete(bi_node *node, const char *name, bi_error *err)
-{
-    return snap_op(node, name, 2, err);
-}
-
-int bi_snapshot_list(bi_node *node, struct bi_snapshot_info **out, int *count,
-                     bi_error *err)
-{
+    qcow2_state *s = node->opaque;
     *out = NULL;
     *count = 0;
-    if (node->drv != &bi_drv_qcow2)
-        return 0;
-    qcow2_state *s = node->opaque;
     if (!s->nb_snapshots)
         return 0;
     struct bi_snapshot_info *v = calloc(s->nb_snapshots, sizeof(*v));
@@ -736,9 +664,16 @@ int bi_snapshot_list(bi_node *node, struct bi_snapshot_info **out, int *count,
     }
     *out = v;
     *count = (int)s->nb_snapshots;
-    BI_UNUSED(err);
     return 0;
 }
+
+const struct bi_snapshot_ops qc_snapshot_ops = {
+    .co_create = qc_snapshot_create,
+    .co_apply = qc_snapshot_apply,
+    .co_delete = qc_snapshot_delete,
+    .co_load_tmp = qc_snapshot_load_tmp,
+    .list = qc_snapshot_list,
+};
 
 /* ------------------------------------------------- persistent bitmaps */
 
