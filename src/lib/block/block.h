@@ -127,6 +127,13 @@ struct bi_bitmap_ops {
 struct bi_driver {
     const char *name;
     bool is_protocol;
+    /* Formats: guest offset X is offset X of the file and there is no
+     * metadata (raw). Such a node shares its file as its user shares it
+     * (no lock of its own), a probe that lands on it is a guess (the
+     * warning and the protection of block 0), block status needs no
+     * refinement from the file, and a copy into it may go out of order
+     * and through copy_file_range. */
+    bool identity_map;
     size_t state_size; /* bytes of n->opaque, zeroed before open */
 
     /* Format probing: a score 0..100 for the first bytes of the file. */

@@ -1391,8 +1391,7 @@ int bi_convert(const struct bi_convert_opts *o, bi_error *err)
      * block device (thin-provisioned volumes allocate in write order) and
      * image formats get their writes in order unless -W. */
     s.in_order = !o->out_of_order;
-    if (s.in_order && !strcmp(bi_node_format(o->dst), "raw") &&
-        bi_node_file(o->dst)) {
+    if (s.in_order && o->dst->drv->identity_map && bi_node_file(o->dst)) {
         struct bi_storage_info si;
         memset(&si, 0, sizeof(si));
         if (bi_storage_info(bi_node_file(o->dst), &si) == 0 &&
@@ -1402,7 +1401,7 @@ int bi_convert(const struct bi_convert_opts *o, bi_error *err)
     }
 
     if (o->copy_range && !o->compress && bi_node_file(o->dst) &&
-        strcmp(bi_node_format(o->dst), "raw") == 0) {
+        o->dst->drv->identity_map) {
         s.dst_fd =
             open(bi_node_filename(bi_node_file(o->dst)), O_WRONLY | O_CLOEXEC);
         s.copy_range = s.dst_fd >= 0;

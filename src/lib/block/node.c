@@ -220,12 +220,12 @@ static bi_node *open_format(const char *filename, const char *format,
         }
         drv = bi_probe_format(buf, l, filename);
         bi_free_aligned(buf);
-        probed = drv == &bi_drv_raw;
+        probed = drv->identity_map;
     }
 
     /* Image locking as QEMU 7.2: a format with metadata forbids other
      * writers (and resizers) of its file; raw shares what its user shares. */
-    if (drv != &bi_drv_raw &&
+    if (!drv->identity_map &&
         bi_file_set_perm(
             file,
             BI_PERM_CONSISTENT_READ |

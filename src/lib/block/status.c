@@ -74,7 +74,7 @@ int bi_co_block_status(bi_node *n, uint64_t off, uint64_t len,
     st->flags &= ~BI_BS_RECURSE;
     if (recurse && (st->flags & BI_BS_DATA) &&
         (st->flags & BI_BS_OFFSET_VALID) && st->file && st->file != n &&
-        st->file->drv->is_protocol && n->drv != &bi_drv_raw) {
+        st->file->drv->is_protocol && !n->drv->identity_map) {
         struct bi_status fs;
         if (bi_co_block_status(st->file, st->offset, st->len, &fs) == 0) {
             if ((fs.flags & BI_BS_EOF) &&

@@ -104,6 +104,7 @@ static int raw_create(const char *filename, const struct bi_create_opts *o,
 
 const struct bi_driver bi_drv_raw = {
     .name = "raw",
+    .identity_map = true,
     .probe = raw_probe,
     .open = raw_open,
     .create = raw_create,
