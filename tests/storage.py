@@ -312,7 +312,6 @@ int main(int argc, char **argv)
         bi_parse_size(argv[3], &size);
         c.size = size;
         c.size_set = true;
-        c.quiet = true;
         if (bi_prealloc_parse(argv[4], &c.prealloc) < 0)
             return usage();
         const char *options[2] = {argc > 5 ? argv[5] : NULL, NULL};

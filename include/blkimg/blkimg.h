@@ -250,10 +250,84 @@ BI_EXPORT int bi_block_status(bi_node *n, uint64_t off, uint64_t len,
 BI_EXPORT int bi_block_status_above(bi_node *n, bi_node *base, uint64_t off,
                                     uint64_t len, struct bi_status *st);
 
+/* ------------------------------------------------------------- formats */
+
+/* What the registered drivers (formats and protocols) offer, as tables
+ * each driver carries: the tools list, check and document options from
+ * these and never name a format. */
+
+enum bi_opt_type { BI_OPT_STRING, BI_OPT_BOOL, BI_OPT_NUMBER, BI_OPT_SIZE };
+/* qemu's type words in -o help: "str", "bool (on/off)", "num", "size". */
+BI_EXPORT const char *bi_opt_type_name(enum bi_opt_type t);
+
+enum bi_opt_flags {
+    BI_OPT_PREFIX = 1 << 0, /* name is a prefix of keys ("encrypt.") */
+    /* QEMU takes the option, blkimg refuses it; help says why (NULL:
+     * "The <format> format's option '<key>' is not supported"). */
+    BI_OPT_REFUSED = 1 << 1,
+};
+
+/* One option of a driver, as QEMU describes it. Tables end with an entry
+ * whose name is NULL. */
+struct bi_opt_desc {
+    const char *name;
+    enum bi_opt_type type;
+    const char *help;
+    /* Creation options: the value qemu-img's "Formatting" line shows when
+     * the option is not given (NULL: shown only when given). */
+    const char *def;
+    unsigned flags; /* bi_opt_flags */
+};
+
+/* 0 if format names a format driver, else -ENOENT. */
+BI_EXPORT int bi_format_exists(const char *format);
+/* Name of the i-th registered driver (formats and protocols, 0-based), or
+ * NULL past the last. */
+BI_EXPORT const char *bi_driver_name(int i);
+
+enum bi_format_caps {
+    BI_FORMAT_CREATE = 1 << 0,    /* images can be created */
+    BI_FORMAT_BACKING = 1 << 1,   /* images can have a backing file */
+    BI_FORMAT_COMPRESS = 1 << 2,  /* compressed writes (convert -c) */
+    BI_FORMAT_SNAPSHOTS = 1 << 3, /* internal snapshots */
+    BI_FORMAT_BITMAPS = 1 << 4,   /* persistent dirty bitmaps */
+    BI_FORMAT_AMEND = 1 << 5,     /* amend */
+    BI_FORMAT_MEASURE = 1 << 6,   /* measure */
+    BI_FORMAT_PROTOCOL = 1 << 7,  /* a protocol driver (file), no format */
+};
+/* The bi_format_caps of the driver named format (0 if unknown). */
+BI_EXPORT unsigned bi_format_caps(const char *format);
+
+/* The creation options of the driver named format in QEMU's order (that
+ * of the "Formatting" line): with with_protocol, followed by those of the
+ * protocol new files are created on, each name once (the format's wins),
+ * as qemu-img merges them. *out is a malloc'd array of *n pointers into
+ * the drivers' tables (free() it). 0, or -ENOENT for an unknown driver. */
+BI_EXPORT int bi_create_opt_list(const char *format, bool with_protocol,
+                                 const struct bi_opt_desc ***out, int *n);
+/* The creation option key of format (or of the protocol new files are
+ * created on), or NULL. */
+BI_EXPORT const struct bi_opt_desc *bi_create_opt_find(const char *format,
+                                                       const char *key);
+/* The options amend takes for format, as its -o help lists them; NULL if
+ * the format cannot amend (or is unknown). */
+BI_EXPORT const struct bi_opt_desc *bi_amend_opts(const char *format);
+/* The runtime option (--image-opts, blkimg-io open -o) key of format, or
+ * NULL if format does not know it. Mind BI_OPT_REFUSED. */
+BI_EXPORT const struct bi_opt_desc *bi_runtime_opt_find(const char *format,
+                                                        const char *key);
+
 /* --------------------------------------------------------------- creation */
 
+/* qemu-img's "Formatting 'filename', fmt=format k=v ..." line as data: the
+ * creation options in QEMU's order as "key=value" strings (the given
+ * value, sizes and numbers in decimal; else the default), n of them. */
+typedef void bi_create_describe_cb(void *opaque, const char *filename,
+                                   const char *format, const char *const *items,
+                                   int n);
+
 struct bi_create_opts {
-    const char *format; /* "raw", "qcow2" */
+    const char *format; /* a format driver's name */
     uint64_t size;
     bool size_set;
     enum bi_prealloc prealloc;
@@ -263,16 +337,14 @@ struct bi_create_opts {
     const char *const *options;
     const char *backing_file;
     const char *backing_fmt;
-    bool quiet;
+    /* Called once the options are accepted, before the file is created
+     * (qemu-img create prints it); NULL: not called. */
+    bi_create_describe_cb *describe;
+    void *describe_opaque;
 };
-/* Prints "Formatting 'f', fmt=... " unless quiet, as qemu-img does. */
+/* Creates filename as o says; the format driver does the work. */
 BI_EXPORT int bi_create(const char *filename, const struct bi_create_opts *o,
                         bi_error *err);
-/* The option list qemu-img prints for "-o help" / in the Formatting line,
- * per format: returns 0 or -ENOENT for an unknown format. */
-BI_EXPORT int bi_format_exists(const char *format);
-/* Whether key is a creation option (-o) of format ("raw", "qcow2"). */
-BI_EXPORT bool bi_create_option_known(const char *format, const char *key);
 
 /* ------------------------------------------------------------------- info */
 

@@ -96,6 +96,15 @@ bi_node *tool_open(struct tool_image *ti);
  * them (img_create.c); returns the exit status. */
 int img_print_create_help(const char *filename, const char *fmt);
 
+/* qemu's option help lines ("  name=<type>  - help"), v sorted by name
+ * first. */
+void img_print_opt_list(const struct bi_opt_desc **v, int n);
+
+/* A bi_create_describe_cb printing qemu-img's "Formatting 'f', fmt=x k=v
+ * ..." line on stdout. */
+void img_print_formatting(void *opaque, const char *filename,
+                          const char *format, const char *const *items, int n);
+
 /* blkimg's --help text (defined in blkimg.c; blkimg only); exits 0. */
 void img_help(void) __attribute__((noreturn));
 

@@ -240,11 +240,6 @@ static void on_signal(int sig)
     cv_cancel = 1;
 }
 
-static bool key_known(const char *fmt, const char *key)
-{
-    return bi_create_option_known(fmt, key);
-}
-
 /* bi_create's message starts with "<file>: " as qemu-img create prints it;
  * convert and dd put their own words between. */
 const char *strip_file_prefix(const char *msg, const char *file);
@@ -598,12 +593,12 @@ int img_convert(int argc, char **argv)
     const char *prealloc_opt = NULL;
     if (!skip_create) {
         for (int i = 0; i < opts.n; i++) {
-            if (!key_known(out_fmt, opts.v[i].key)) {
+            if (!bi_create_opt_find(out_fmt, opts.v[i].key)) {
                 cv_err("Invalid parameter '%s'", opts.v[i].key);
                 goto out;
             }
         }
-        if (out_baseimg && strcmp(out_fmt, "qcow2")) {
+        if (out_baseimg && !(bi_format_caps(out_fmt) & BI_FORMAT_BACKING)) {
             cv_err("Backing file not supported for file format '%s'", out_fmt);
             goto out;
         }
@@ -628,7 +623,7 @@ int img_convert(int argc, char **argv)
         goto out;
     }
     if (compress) {
-        if (out_fmt && strcmp(out_fmt, "qcow2")) {
+        if (out_fmt && !(bi_format_caps(out_fmt) & BI_FORMAT_COMPRESS)) {
             cv_err("Compression not supported for this file format");
             goto out;
         }
@@ -658,7 +653,6 @@ int img_convert(int argc, char **argv)
         co.options = (const char *const *)optv;
         co.backing_file = out_baseimg;
         co.backing_fmt = backing_fmt;
-        co.quiet = true;
         if (backing_fmt && !out_baseimg) {
             cv_err("%s: error while converting %s: Backing format cannot be "
                    "used without backing file",
@@ -719,7 +713,8 @@ int img_convert(int argc, char **argv)
             goto out;
         }
     }
-    if (compress && strcmp(bi_node_format(dst), "qcow2")) {
+    if (compress &&
+        !(bi_format_caps(bi_node_format(dst)) & BI_FORMAT_COMPRESS)) {
         cv_err("Compression not supported for this file format");
         goto out;
     }

@@ -12,143 +12,65 @@
 
 /* ------------------------------------------------------------ -o help */
 
-struct create_opt_desc {
-    const char *name;
-    const char *type; /* "size", "str", "bool (on/off)", "num" */
-    const char *help;
-};
-
-/* qemu 7.2's creation options (names, types and help texts), per driver. */
-static const struct create_opt_desc raw_opts[] = {
-    {"size", "size", "Virtual disk size"},
-    {NULL, NULL, NULL},
-};
-
-static const struct create_opt_desc file_opts[] = {
-    {"size", "size", "Virtual disk size"},
-    {"preallocation", "str",
-     "Preallocation mode (allowed values: off, falloc, full)"},
-    {"nocow", "bool (on/off)", "Turn off copy-on-write (valid only on btrfs)"},
-    {"extent_size_hint", "size",
-     "Extent size hint for the image file, 0 to disable"},
-    {NULL, NULL, NULL},
-};
-
-static const struct create_opt_desc qcow2_opts[] = {
-    {"size", "size", "Virtual disk size"},
-    {"compat", "str", "Compatibility level (v2 [0.10] or v3 [1.1])"},
-    {"backing_file", "str", "File name of a base image"},
-    {"backing_fmt", "str", "Image format of the base image"},
-    {"data_file", "str", "File name of an external data file"},
-    {"data_file_raw", "bool (on/off)",
-     "The external data file must stay valid as a raw image"},
-    {"encryption", "bool (on/off)",
-     "Encrypt the image with format 'aes'. (Deprecated in favor of "
-     "encrypt.format=aes)"},
-    {"encrypt.format", "str",
-     "Encrypt the image, format choices: 'aes', 'luks'"},
-    {"encrypt.key-secret", "str",
-     "ID of secret providing qcow AES key or LUKS passphrase"},
-    {"encrypt.cipher-alg", "str", "Name of encryption cipher algorithm"},
-    {"encrypt.cipher-mode", "str", "Name of encryption cipher mode"},
-    {"encrypt.ivgen-alg", "str", "Name of IV generator algorithm"},
-    {"encrypt.ivgen-hash-alg", "str", "Name of IV generator hash algorithm"},
-    {"encrypt.hash-alg", "str", "Name of encryption hash algorithm"},
-    {"encrypt.iter-time", "num", "Time to spend in PBKDF in milliseconds"},
-    {"cluster_size", "size", "qcow2 cluster size"},
-    {"preallocation", "str",
-     "Preallocation mode (allowed values: off, metadata, falloc, full)"},
-    {"lazy_refcounts", "bool (on/off)", "Postpone refcount updates"},
-    {"refcount_bits", "num", "Width of a reference count entry in bits"},
-    {"compression_type", "str",
-     "Compression method used for image cluster compression"},
-    {"extended_l2", "bool (on/off)", "Extended L2 tables"},
-    {NULL, NULL, NULL},
-};
-
 static int cmp_desc(const void *a, const void *b)
 {
-    const struct create_opt_desc *const *x = a, *const *y = b;
+    const struct bi_opt_desc *const *x = a, *const *y = b;
     return strcmp((*x)->name, (*y)->name);
 }
 
-/* qemu-img's print_block_option_help(): the format's options, merged with
- * the protocol's when a filename is given (first definition wins), sorted
- * by name. */
+void img_print_opt_list(const struct bi_opt_desc **v, int n)
+{
+    qsort(v, (size_t)n, sizeof(v[0]), cmp_desc);
+    for (int i = 0; i < n; i++) {
+        char *s =
+            bi_xasprintf("%s=<%s>", v[i]->name, bi_opt_type_name(v[i]->type));
+        printf("  %-22s - %s\n", s, v[i]->help);
+        free(s);
+    }
+}
+
+/* qemu-img's print_block_option_help(): the format's creation options,
+ * merged with the protocol's when a filename is given, sorted by name. */
 int img_print_create_help(const char *filename, const char *fmt)
 {
-    const struct create_opt_desc *lists[2] = {NULL, NULL};
-    const struct create_opt_desc *all[64];
-    int n = 0;
+    const struct bi_opt_desc **all;
+    int n;
 
-    if (!strcmp(fmt, "raw")) {
-        lists[0] = raw_opts;
-    } else if (!strcmp(fmt, "qcow2")) {
-        lists[0] = qcow2_opts;
-    } else if (!strcmp(fmt, "file")) {
-        lists[0] = file_opts;
-    } else {
+    if (bi_create_opt_list(fmt, filename != NULL, &all, &n) < 0) {
         tool_error("Unknown file format '%s'", fmt);
         return 1;
     }
-    if (filename) {
-        lists[1] = file_opts;
-    }
-    for (int l = 0; l < 2; l++) {
-        for (const struct create_opt_desc *d = lists[l]; d && d->name; d++) {
-            bool dup = false;
-            for (int i = 0; i < n; i++) {
-                if (!strcmp(all[i]->name, d->name)) {
-                    dup = true;
-                }
-            }
-            if (!dup) {
-                all[n++] = d;
-            }
-        }
-    }
-    qsort(all, (size_t)n, sizeof(all[0]), cmp_desc);
     if (filename) {
         printf("Supported options:\n");
     } else {
         printf("Supported %s options:\n", fmt);
     }
-    for (int i = 0; i < n; i++) {
-        char *s = bi_xasprintf("%s=<%s>", all[i]->name, all[i]->type);
-        printf("  %-22s - %s\n", s, all[i]->help);
-        free(s);
-    }
+    img_print_opt_list(all, n);
     if (!filename) {
         printf("\n"
                "The protocol level may support further options.\n"
                "Specify the target filename to include those options.\n");
     }
+    free(all);
     return 0;
 }
 
-static const struct create_opt_desc *format_opts(const char *fmt)
+void img_print_formatting(void *opaque, const char *filename,
+                          const char *format, const char *const *items, int n)
 {
-    if (!strcmp(fmt, "raw")) {
-        return raw_opts;
+    (void)opaque;
+    printf("Formatting '%s', fmt=%s", filename, format);
+    for (int i = 0; i < n; i++) {
+        printf(" %s", items[i]);
     }
-    if (!strcmp(fmt, "qcow2")) {
-        return qcow2_opts;
-    }
-    return NULL;
+    printf("\n");
+    fflush(stdout);
 }
 
-/* An option of the format or of the file protocol below it. */
-static const struct create_opt_desc *find_opt(const char *fmt, const char *key)
+/* An option of the format or of the protocol below it. */
+static const struct bi_opt_desc *find_opt(const char *fmt, const char *key)
 {
-    const struct create_opt_desc *lists[2] = {format_opts(fmt), file_opts};
-    for (int l = 0; l < 2; l++) {
-        for (const struct create_opt_desc *d = lists[l]; d && d->name; d++) {
-            if (!strcmp(d->name, key)) {
-                return d;
-            }
-        }
-    }
-    return NULL;
+    return bi_create_opt_find(fmt, key);
 }
 
 static bool has_opt(const char *fmt, const char *key)
@@ -231,12 +153,12 @@ static int parse_create_options(const char *filename, const char *fmt,
         v[n].value = val;
         n++;
 
-        const struct create_opt_desc *d = find_opt(fmt, key);
+        const struct bi_opt_desc *d = find_opt(fmt, key);
         if (!d) {
             tool_error("%s: Invalid parameter '%s'", filename, key);
             goto fail;
         }
-        if (!strcmp(d->type, "size")) {
+        if (d->type == BI_OPT_SIZE) {
             uint64_t x;
             if (bi_parse_size(val, &x) < 0) {
                 tool_error("%s: Parameter '%s' expects a non-negative number "
@@ -247,7 +169,7 @@ static int parse_create_options(const char *filename, const char *fmt,
                                 "and exabytes, respectively.\n");
                 goto fail;
             }
-        } else if (!strcmp(d->type, "num")) {
+        } else if (d->type == BI_OPT_NUMBER) {
             char *end;
             errno = 0;
             strtoull(val, &end, 0);
@@ -256,7 +178,7 @@ static int parse_create_options(const char *filename, const char *fmt,
                            key);
                 goto fail;
             }
-        } else if (!strcmp(d->type, "bool (on/off)")) {
+        } else if (d->type == BI_OPT_BOOL) {
             if (strcmp(val, "on") && strcmp(val, "off") && strcmp(val, "yes") &&
                 strcmp(val, "no") && strcmp(val, "true") &&
                 strcmp(val, "false") && strcmp(val, "y") && strcmp(val, "n")) {
@@ -345,7 +267,8 @@ int img_create(int argc, char **argv)
         {"object", required_argument, 0, 'O'},
         {0, 0, 0, 0},
     };
-    const char *fmt = "raw", *base_fmt = NULL, *base_filename = NULL;
+    const char *fmt = "raw", *base_fmt = NULL,
+               *base_filename = NULL;
     const char *filename;
     char *options = NULL;
     bool quiet = false, unsafe = false;
@@ -421,7 +344,7 @@ int img_create(int argc, char **argv)
     bi_error err;
     bi_error_init(&err);
 
-    if (bi_format_exists(fmt) < 0 || !format_opts(fmt)) {
+    if (!(bi_format_caps(fmt) & BI_FORMAT_CREATE)) {
         tool_error("%s: Unknown file format '%s'", filename, fmt);
         goto out;
     }
@@ -542,7 +465,9 @@ int img_create(int argc, char **argv)
     co.options = (const char *const *)strv;
     co.backing_file = base_filename;
     co.backing_fmt = base_fmt;
-    co.quiet = quiet;
+    if (!quiet) {
+        co.describe = img_print_formatting;
+    }
     if (bi_create(filename, &co, &err) < 0) {
         size_t l = strlen(filename);
         if (!strncmp(err.msg, filename, l) && !strncmp(err.msg + l, ": ", 2)) {

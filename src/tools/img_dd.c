@@ -159,7 +159,6 @@ int img_dd(int argc, char **argv)
     /* image sizes are whole sectors, as qemu-img's create makes them */
     co.size = beyond ? 0 : bi_align_up((uint64_t)(size - bsz * skip), 512);
     co.size_set = true;
-    co.quiet = true;
     if (cv_is_source_file(&in, 1, out_name)) {
         cv_err("%s: error while creating output image: Failed to get "
                "\"write\" lock\nIs another process using the image [%s]?",

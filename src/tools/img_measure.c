@@ -22,7 +22,7 @@ bi_node *cv_open(const char *filename, const char *fmt, bool image_opts,
 
 static bool known(const char *fmt, const char *key)
 {
-    return bi_create_option_known(fmt, key);
+    return bi_create_opt_find(fmt, key) != NULL;
 }
 
 int img_measure(int argc, char **argv)

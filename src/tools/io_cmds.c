@@ -2154,7 +2154,6 @@ static bi_node *open_snapshot(bi_node *base, const char *fname,
     co.size_set = true;
     co.backing_file = real;
     co.backing_fmt = fmt;
-    co.quiet = true;
     bi_error_init(&err);
     if (bi_create(tmp, &co, &err) < 0) {
         io_error_report("%sCould not create temporary overlay '%s': %s", prefix,

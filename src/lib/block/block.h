@@ -149,6 +149,23 @@ struct bi_driver {
     int (*co_close_prepare)(bi_node *n);
     int (*create)(const char *filename, const struct bi_create_opts *o,
                   bi_error *err);
+    /* Creation options in QEMU's order, the "Formatting" line's (formats:
+     * their own; protocols: those of every new file). */
+    const struct bi_opt_desc *create_opts;
+    /* Protocols: applies the creation options only it takes ("key=value",
+     * NULL-terminated; e.g. nocow) to filename before the format driver
+     * creates the image (the file may not exist yet). */
+    int (*create_prepare)(const char *filename, const char *const *opts,
+                          bi_error *err);
+    /* Formats: qemu-img measure for a new image with creation options
+     * opts ("key=value", keys known): for src's contents, or (src NULL) an
+     * empty image of the options' size. */
+    int (*measure)(const char *const *opts, bi_node *src,
+                   struct bi_measure *out, bi_error *err);
+    /* Options amend takes (its -o help); with amend below. */
+    const struct bi_opt_desc *amend_opts;
+    /* Runtime options (--image-opts) the driver knows. */
+    const struct bi_opt_desc *runtime_opts;
     /* Fills n->limits (protocols: detection; formats: usually from
      * children, plus their own granularity). */
     void (*refresh_limits)(bi_node *n);
@@ -230,6 +247,11 @@ struct bi_node {
 
 /* Registry */
 const struct bi_driver *bi_driver_find(const char *name);
+/* The i-th registered driver (0-based), NULL past the last. */
+const struct bi_driver *bi_driver_at(int i);
+/* The protocol new image files are created on: the first registered
+ * (formats.c). */
+const struct bi_driver *bi_create_protocol(void);
 /* The format driver whose probe scores highest on the first bytes of an
  * image (raw if none claims it). */
 const struct bi_driver *bi_probe_format(const uint8_t *buf, size_t len,
@@ -246,15 +268,6 @@ bi_node *bi_open_protocol(const char *filename, const struct bi_open_opts *o,
 bi_node *bi_open_node(const char *filename, const char *format,
                       const struct bi_open_opts *o, bi_error *err);
 void bi_node_free(bi_node *n);
-
-/* Hints applied to a new image file before its driver creates it
- * (src/lib/protocol/file_hints.c). */
-struct bi_file_create_hints {
-    bool nocow;
-    uint64_t extent_size_hint; /* bytes; 0 = none */
-};
-int bi_file_apply_create_hints(const char *filename,
-                               const struct bi_file_create_hints *h);
 
 /* Coroutine versions of the public I/O calls: the generic request path.
  * Any alignment, any buffer. */

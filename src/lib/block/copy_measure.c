@@ -272,7 +272,7 @@ int bi_measure(const char *format, const char *const *options, bi_node *src,
         char key[128];
         size_t kl = strcspn(*o, "=");
         snprintf(key, sizeof(key), "%.*s", (int)kl, *o);
-        if (!bi_create_option_known(format, key)) {
+        if (!bi_create_opt_find(format, key)) {
             bi_error_set(err, 0, "Invalid parameter '%s'", key);
             return -EINVAL;
         }

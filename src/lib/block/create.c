@@ -1,118 +1,84 @@
 /* SPDX-License-Identifier: MIT */
-/* Image creation: option bookkeeping and qemu-img's "Formatting" line;
- * the format driver does the work. */
+/* Image creation: option bookkeeping and qemu-img's "Formatting" line as
+ * data, from the drivers' option tables; the format driver does the work. */
 #include "block/block.h"
 #include "util/util.h"
 
 #include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-struct line_key {
-    const char *key;
-    const char *def; /* printed when not given; NULL: only when given */
-    bool is_size;
-};
-
-/* qemu-img 7.2 prints the creation options in its option table order. */
-static const struct line_key raw_keys[] = {
-    {"size", "", true},     {"preallocation", NULL, false},
-    {"nocow", NULL, false}, {"extent_size_hint", NULL, true},
-    {NULL, NULL, false},
-};
-static const struct line_key qcow2_keys[] = {
-    {"cluster_size", "65536", true},
-    {"extended_l2", "off", false},
-    {"preallocation", NULL, false},
-    {"compression_type", "zlib", false},
-    {"size", "", true},
-    {"compat", NULL, false},
-    {"backing_file", NULL, false},
-    {"backing_fmt", NULL, false},
-    {"data_file", NULL, false},
-    {"data_file_raw", NULL, false},
-    {"lazy_refcounts", "off", false},
-    {"refcount_bits", "16", false},
-    {"nocow", NULL, false},
-    {"extent_size_hint", NULL, true},
-    {NULL, NULL, false},
-};
-
-static void print_formatting_line(const char *filename,
-                                  const struct bi_create_opts *o,
-                                  const struct bi_optlist *l)
+/* qemu's number options: a whole unsigned number in any base strtoull
+ * reads. 0 or -EINVAL. */
+static int parse_number(const char *s, uint64_t *out)
 {
-    const struct line_key *keys =
-        !strcmp(o->format, "qcow2") ? qcow2_keys : raw_keys;
-    printf("Formatting '%s', fmt=%s", filename, o->format);
-    for (const struct line_key *k = keys; k->key; k++) {
-        const char *v = bi_optlist_get(l, k->key);
-        char num[32];
-        if (!strcmp(k->key, "size")) {
-            snprintf(num, sizeof(num), "%llu", (unsigned long long)o->size);
-            v = num;
-        } else if (!strcmp(k->key, "backing_file") && o->backing_file) {
-            v = o->backing_file;
-        } else if (!strcmp(k->key, "backing_fmt") && o->backing_fmt) {
-            v = o->backing_fmt;
-        } else if (!strcmp(k->key, "preallocation") && !v &&
-                   o->prealloc != BI_PREALLOC_OFF) {
-            v = bi_prealloc_name(o->prealloc);
-        } else if (v && k->is_size) {
-            uint64_t s;
-            if (bi_parse_size(v, &s) == 0) {
-                snprintf(num, sizeof(num), "%llu", (unsigned long long)s);
-                v = num;
-            }
-        }
-        if (!v)
-            v = k->def;
-        if (v)
-            printf(" %s=%s", k->key, v);
-    }
-    printf("\n");
-    fflush(stdout);
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (errno || end == s || *end || strchr(s, '-'))
+        return -EINVAL;
+    *out = v;
+    return 0;
 }
 
-/* The creation options each format takes, as qemu-img 7.2 lists them. */
-static const char *const raw_create_keys[] = {"size", "preallocation", "nocow",
-                                              "extent_size_hint", NULL};
-static const char *const qcow2_create_keys[] = {"size",
-                                                "compat",
-                                                "backing_file",
-                                                "backing_fmt",
-                                                "data_file",
-                                                "data_file_raw",
-                                                "encryption",
-                                                "encrypt.format",
-                                                "encrypt.key-secret",
-                                                "encrypt.cipher-alg",
-                                                "encrypt.cipher-mode",
-                                                "encrypt.ivgen-alg",
-                                                "encrypt.ivgen-hash-alg",
-                                                "encrypt.hash-alg",
-                                                "encrypt.iter-time",
-                                                "cluster_size",
-                                                "extended_l2",
-                                                "preallocation",
-                                                "lazy_refcounts",
-                                                "refcount_bits",
-                                                "compression_type",
-                                                "nocow",
-                                                "extent_size_hint",
-                                                NULL};
-
-bool bi_create_option_known(const char *format, const char *key)
+/* The value qemu-img's "Formatting" line shows for option d: given (the
+ * last -o value, or what o carries for the options it has fields for),
+ * sizes and numbers as qemu prints them (a signed 64-bit decimal), else
+ * the default. NULL: not shown. num (32 bytes) holds numbers. */
+static const char *line_value(const struct bi_opt_desc *d,
+                              const struct bi_create_opts *o,
+                              const struct bi_optlist *l, char *num)
 {
-    const char *const *k = !strcmp(format, "qcow2") ? qcow2_create_keys
-                           : !strcmp(format, "raw") ? raw_create_keys
-                                                    : NULL;
-    for (; k && *k; k++)
-        if (!strcmp(*k, key))
-            return true;
-    return false;
+    const char *v = bi_optlist_get(l, d->name);
+    uint64_t x;
+    if (!strcmp(d->name, "size")) {
+        snprintf(num, 32, "%" PRIu64, o->size);
+        return num;
+    }
+    if (!strcmp(d->name, "backing_file") && o->backing_file)
+        return o->backing_file;
+    if (!strcmp(d->name, "backing_fmt") && o->backing_fmt)
+        return o->backing_fmt;
+    if (!strcmp(d->name, "preallocation") && !v &&
+        o->prealloc != BI_PREALLOC_OFF)
+        return bi_prealloc_name(o->prealloc);
+    if (!v)
+        return d->def;
+    if ((d->type == BI_OPT_SIZE && bi_parse_size(v, &x) == 0) ||
+        (d->type == BI_OPT_NUMBER && parse_number(v, &x) == 0)) {
+        snprintf(num, 32, "%" PRId64, (int64_t)x);
+        return num;
+    }
+    return v;
+}
+
+/* Calls o->describe with the "Formatting" line's options: every creation
+ * option of the format and of its protocol, in QEMU's order, that has a
+ * value to show. */
+static void describe(const char *filename, const struct bi_create_opts *o,
+                     const struct bi_optlist *l)
+{
+    const struct bi_opt_desc **descs;
+    int n;
+    if (!o->describe || bi_create_opt_list(o->format, true, &descs, &n) < 0)
+        return;
+    char **items = bi_xzalloc(sizeof(char *) * (size_t)(n + 1));
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        char num[32];
+        const char *v = line_value(descs[i], o, l, num);
+        if (v)
+            items[k++] = bi_xasprintf("%s=%s", descs[i]->name, v);
+    }
+    o->describe(o->describe_opaque, filename, o->format,
+                (const char *const *)items, k);
+    for (int i = 0; i < k; i++)
+        free(items[i]);
+    free(items);
+    free(descs);
 }
 
 /* "key=value" with commas in the value escaped as ",,". */
@@ -130,6 +96,90 @@ static char *escape_opt(const char *k, const char *v)
     }
     *p = 0;
     return r;
+}
+
+/* The options of l split by owner: those only the protocol takes (nocow,
+ * ...) into proto, the rest into fmt (both malloc'd "key=value" lists,
+ * NULL-terminated; free with free_strv). size and preallocation, known to
+ * both, stay with the format. */
+static void split_options(const struct bi_driver *drv,
+                          const struct bi_optlist *l, char ***fmt,
+                          char ***proto)
+{
+    const struct bi_driver *p = bi_create_protocol();
+    int nf = 0, np = 0;
+    *fmt = bi_xzalloc((size_t)(l->n + 1) * sizeof(char *));
+    *proto = bi_xzalloc((size_t)(l->n + 1) * sizeof(char *));
+    for (int i = 0; i < l->n; i++) {
+        const char *k = l->v[i].key, *v = l->v[i].value;
+        bool own = false, theirs = false;
+        for (const struct bi_opt_desc *d = drv->create_opts; d && d->name; d++)
+            own |= !strcmp(d->name, k);
+        for (const struct bi_opt_desc *d = p ? p->create_opts : NULL;
+             d && d->name; d++)
+            theirs |= !strcmp(d->name, k);
+        bool generic = !strcmp(k, "size") || !strcmp(k, "preallocation");
+        if (theirs && !own && !generic)
+            (*proto)[np++] = escape_opt(k, v);
+        else
+            (*fmt)[nf++] = escape_opt(k, v);
+    }
+}
+
+static void free_strv(char **v)
+{
+    for (char **p = v; p && *p; p++)
+        free(*p);
+    free(v);
+}
+
+/* Checks what the generic layer knows about o (with the -o list l folded
+ * in) before anything is created; co receives backing_file, backing_fmt
+ * and preallocation from l. Returns 0 or -errno with err set. */
+static int check_generic(const struct bi_driver *drv,
+                         const struct bi_optlist *l, struct bi_create_opts *co,
+                         bi_error *err)
+{
+    const char *pre = bi_optlist_get(l, "preallocation");
+    if (pre && bi_prealloc_parse(pre, &co->prealloc) < 0) {
+        /* the words of the driver whose option it is */
+        bool own = false;
+        for (const struct bi_opt_desc *d = drv->create_opts; d && d->name; d++)
+            own |= !strcmp(d->name, "preallocation");
+        if (own)
+            bi_error_set(err, 0,
+                         "Parameter 'preallocation' does not accept value "
+                         "'%s'",
+                         pre);
+        else
+            bi_error_set(err, 0, "invalid parameter value: %s", pre);
+        return -EINVAL;
+    }
+    if (co->backing_fmt && !co->backing_file) {
+        bi_error_set(err, 0,
+                     "Backing format cannot be used without backing file");
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* Prepares the file with the protocol's options, then has the format
+ * driver create the image; a file that did not exist before is removed
+ * again on failure. */
+static int create_file(const char *filename, const struct bi_driver *drv,
+                       const struct bi_create_opts *co, char **proto_opts,
+                       bi_error *err)
+{
+    const struct bi_driver *p = bi_create_protocol();
+    bool existed = access(filename, F_OK) == 0;
+    int ret = 0;
+    if (p && p->create_prepare)
+        ret = p->create_prepare(filename, (const char *const *)proto_opts, err);
+    if (ret == 0)
+        ret = drv->create(filename, co, err);
+    if (ret < 0 && !existed)
+        unlink(filename);
+    return ret;
 }
 
 int bi_create(const char *filename, const struct bi_create_opts *o,
@@ -162,67 +212,27 @@ int bi_create(const char *filename, const struct bi_create_opts *o,
     const char *bfmt = bi_optlist_get(&l, "backing_fmt");
     if (bfmt && !co.backing_fmt)
         co.backing_fmt = bfmt;
-    bool is_raw = drv == &bi_drv_raw;
-    if (is_raw && co.backing_fmt && !co.backing_file) {
+    if (co.backing_fmt && !co.backing_file &&
+        !bi_create_opt_find(o->format, "backing_fmt")) {
         bi_error_set(err, 0,
                      "%s: Backing file format not supported for file "
-                     "format 'raw'",
-                     filename);
+                     "format '%s'",
+                     filename, o->format);
         bi_optlist_free(&l);
         return -ENOTSUP;
     }
-    if (!o->quiet)
-        print_formatting_line(filename, &co, &l);
+    describe(filename, &co, &l);
 
-    int ret = 0;
-    const char *pre = bi_optlist_get(&l, "preallocation");
-    if (pre && bi_prealloc_parse(pre, &co.prealloc) < 0) {
-        if (is_raw)
-            bi_error_set(err, 0, "invalid parameter value: %s", pre);
-        else
-            bi_error_set(err, 0,
-                         "Parameter 'preallocation' does not accept value "
-                         "'%s'",
-                         pre);
-        ret = -EINVAL;
-    } else if (co.backing_fmt && !co.backing_file) {
-        bi_error_set(err, 0,
-                     "Backing format cannot be used without backing file");
-        ret = -EINVAL;
-    }
+    int ret = check_generic(drv, &l, &co, err);
     /* Nodes are sized in whole 512-byte sectors, as in QEMU. */
     co.size = bi_align_up(co.size, 512);
-
-    /* Protocol-level options go to the file, not to the format. */
-    char **fmt_opts = bi_xzalloc((l.n + 1) * sizeof(char *));
-    int nf = 0;
-    /* QEMU gives new files a 1 MiB extent size hint (xfs) by default. */
-    struct bi_file_create_hints hints = {.extent_size_hint = 1 << 20};
-    for (int i = 0; ret == 0 && i < l.n; i++) {
-        const char *k = l.v[i].key, *v = l.v[i].value;
-        if (!strcmp(k, "nocow")) {
-            hints.nocow = v && (!strcmp(v, "on") || !strcmp(v, "true"));
-        } else if (!strcmp(k, "extent_size_hint")) {
-            if (!v || bi_parse_size(v, &hints.extent_size_hint) < 0) {
-                bi_error_set(err, 0,
-                             "Parameter 'extent_size_hint' expects a size");
-                ret = -EINVAL;
-            }
-        } else {
-            fmt_opts[nf++] = escape_opt(k, v);
-        }
-    }
+    char **fmt_opts, **proto_opts;
+    split_options(drv, &l, &fmt_opts, &proto_opts);
     co.options = (const char *const *)fmt_opts;
-    if (ret == 0) {
-        bool existed = access(filename, F_OK) == 0;
-        bi_file_apply_create_hints(filename, &hints);
-        ret = drv->create(filename, &co, err);
-        if (ret < 0 && !existed)
-            unlink(filename);
-    }
-    for (int i = 0; i < nf; i++)
-        free(fmt_opts[i]);
-    free(fmt_opts);
+    if (ret == 0)
+        ret = create_file(filename, drv, &co, proto_opts, err);
+    free_strv(fmt_opts);
+    free_strv(proto_opts);
     if (ret < 0 && err && err->msg[0] &&
         strncmp(err->msg, filename, strlen(filename)) != 0)
         bi_error_prefix(err, "%s", filename);

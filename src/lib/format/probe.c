@@ -19,6 +19,13 @@ const struct bi_driver *bi_driver_find(const char *name)
     return NULL;
 }
 
+const struct bi_driver *bi_driver_at(int i)
+{
+    return i >= 0 && (size_t)i < sizeof(drivers) / sizeof(drivers[0])
+               ? drivers[i]
+               : NULL;
+}
+
 int bi_format_exists(const char *format)
 {
     const struct bi_driver *d = bi_driver_find(format);

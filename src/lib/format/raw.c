@@ -102,12 +102,19 @@ static int raw_create(const char *filename, const struct bi_create_opts *o,
     return bi_drv_file.create(filename, o, err);
 }
 
+/* qemu 7.2's raw creation options (the file protocol adds its own). */
+static const struct bi_opt_desc raw_create_opts[] = {
+    {"size", BI_OPT_SIZE, "Virtual disk size", NULL, 0},
+    {NULL, 0, NULL, NULL, 0},
+};
+
 const struct bi_driver bi_drv_raw = {
     .name = "raw",
     .identity_map = true,
     .probe = raw_probe,
     .open = raw_open,
     .create = raw_create,
+    .create_opts = raw_create_opts,
     .refresh_limits = raw_refresh_limits,
     .co_map = raw_co_map,
     .co_pwrite_zeroes = raw_co_pwrite_zeroes,

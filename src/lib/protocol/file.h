@@ -12,6 +12,15 @@
 #include <stdint.h>
 #include <sys/stat.h>
 
+/* Hints applied to a new image file before its driver creates it
+ * (src/lib/protocol/file_hints.c). */
+struct bi_file_create_hints {
+    bool nocow;
+    uint64_t extent_size_hint; /* bytes; 0 = none */
+};
+int bi_file_apply_create_hints(const char *filename,
+                               const struct bi_file_create_hints *h);
+
 /* ------------------------------------------------------------- limits */
 
 /*

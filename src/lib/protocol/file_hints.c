@@ -5,7 +5,7 @@
  * sets 1 MiB unless told otherwise, which keeps sparse images from
  * fragmenting).
  */
-#include "block/block.h"
+#include "protocol/file.h"
 #include "util/util.h"
 
 #include <errno.h>

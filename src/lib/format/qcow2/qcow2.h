@@ -461,6 +461,8 @@ int qc_bitmaps_store(bi_node *n);
 void qc_bitmaps_free(qcow2_state *s);
 
 /* ---- create (qcow2_create.c) ---- */
+/* The creation options, in QEMU's order. */
+extern const struct bi_opt_desc qc_create_opts[];
 int qcow2_create(const char *filename, const struct bi_create_opts *o,
                  bi_error *err);
 

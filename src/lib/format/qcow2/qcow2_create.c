@@ -32,6 +32,50 @@ struct qc_create {
     bool prealloc_meta_only; /* L2 tables mapped, no data preallocation */
 };
 
+/* qemu 7.2's qcow2 creation options (names, types, help texts, the
+ * defaults its "Formatting" line shows), in its order. */
+const struct bi_opt_desc qc_create_opts[] = {
+    {"encryption", BI_OPT_BOOL,
+     "Encrypt the image with format 'aes'. (Deprecated in favor of "
+     "encrypt.format=aes)",
+     NULL, 0},
+    {"encrypt.format", BI_OPT_STRING,
+     "Encrypt the image, format choices: 'aes', 'luks'", NULL, 0},
+    {"encrypt.key-secret", BI_OPT_STRING,
+     "ID of secret providing qcow AES key or LUKS passphrase", NULL, 0},
+    {"encrypt.cipher-alg", BI_OPT_STRING, "Name of encryption cipher algorithm",
+     NULL, 0},
+    {"encrypt.cipher-mode", BI_OPT_STRING, "Name of encryption cipher mode",
+     NULL, 0},
+    {"encrypt.ivgen-alg", BI_OPT_STRING, "Name of IV generator algorithm", NULL,
+     0},
+    {"encrypt.ivgen-hash-alg", BI_OPT_STRING,
+     "Name of IV generator hash algorithm", NULL, 0},
+    {"encrypt.hash-alg", BI_OPT_STRING, "Name of encryption hash algorithm",
+     NULL, 0},
+    {"encrypt.iter-time", BI_OPT_NUMBER,
+     "Time to spend in PBKDF in milliseconds", NULL, 0},
+    {"cluster_size", BI_OPT_SIZE, "qcow2 cluster size", "65536", 0},
+    {"extended_l2", BI_OPT_BOOL, "Extended L2 tables", "off", 0},
+    {"preallocation", BI_OPT_STRING,
+     "Preallocation mode (allowed values: off, metadata, falloc, full)", NULL,
+     0},
+    {"compression_type", BI_OPT_STRING,
+     "Compression method used for image cluster compression", "zlib", 0},
+    {"size", BI_OPT_SIZE, "Virtual disk size", NULL, 0},
+    {"compat", BI_OPT_STRING, "Compatibility level (v2 [0.10] or v3 [1.1])",
+     NULL, 0},
+    {"backing_file", BI_OPT_STRING, "File name of a base image", NULL, 0},
+    {"backing_fmt", BI_OPT_STRING, "Image format of the base image", NULL, 0},
+    {"data_file", BI_OPT_STRING, "File name of an external data file", NULL, 0},
+    {"data_file_raw", BI_OPT_BOOL,
+     "The external data file must stay valid as a raw image", NULL, 0},
+    {"lazy_refcounts", BI_OPT_BOOL, "Postpone refcount updates", "off", 0},
+    {"refcount_bits", BI_OPT_NUMBER, "Width of a reference count entry in bits",
+     "16", 0},
+    {NULL, 0, NULL, NULL, 0},
+};
+
 static int parse_bool(const char *key, const char *v, bool *out, bi_error *err)
 {
     if (!v || !strcmp(v, "on")) {
@@ -445,7 +489,6 @@ static int write_image(const char *filename, const struct qc_create *c,
     fco.format = "file";
     fco.size = 0;
     fco.size_set = true;
-    fco.quiet = true;
     ret = bi_drv_file.create(filename, &fco, err);
     if (ret < 0)
         return ret;
@@ -613,7 +656,6 @@ int qcow2_create(const char *filename, const struct bi_create_opts *o,
         dco.size_set = true;
         dco.prealloc =
             c.prealloc == BI_PREALLOC_METADATA ? BI_PREALLOC_OFF : c.prealloc;
-        dco.quiet = true;
         ret = bi_drv_file.create(dpath, &dco, err);
         free(dpath);
         if (ret < 0)
