@@ -20,11 +20,6 @@ bi_node *cv_open(const char *filename, const char *fmt, bool image_opts,
                  enum bi_cache cache, bool rw, bool force_share,
                  bool quiet_probe);
 
-static bool known(const char *fmt, const char *key)
-{
-    return bi_create_opt_find(fmt, key) != NULL;
-}
-
 int img_measure(int argc, char **argv)
 {
     static const struct option long_opts[] = {
@@ -145,9 +140,9 @@ int img_measure(int argc, char **argv)
         cv_err("Unknown file format '%s'", out_fmt);
         goto out;
     }
-    if (!strcmp(out_fmt, "raw") || !strcmp(out_fmt, "qcow2")) {
+    if (bi_format_caps(out_fmt) & BI_FORMAT_MEASURE) {
         for (int i = 0; i < opts.n; i++) {
-            if (!known(out_fmt, opts.v[i].key)) {
+            if (!bi_create_opt_find(out_fmt, opts.v[i].key)) {
                 cv_err("Invalid parameter '%s'", opts.v[i].key);
                 cv_err("Invalid options for file format '%s'", out_fmt);
                 goto out;

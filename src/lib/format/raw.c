@@ -3,6 +3,7 @@
  * The raw format: guest offset X is host offset X of the file. Its map is
  * the identity, so raw images take exactly the generic path qcow2 takes.
  */
+#include "blkimg/convert.h"
 #include "block/block.h"
 #include "util/util.h"
 
@@ -102,6 +103,34 @@ static int raw_create(const char *filename, const struct bi_create_opts *o,
     return bi_drv_file.create(filename, o, err);
 }
 
+/* qemu-img measure: the virtual size, required and fully allocated alike
+ * (src's length, or the size option aligned to sectors). */
+static int raw_measure(const char *const *opts, bi_node *src,
+                       struct bi_measure *out, bi_error *err)
+{
+    if (src) {
+        int64_t len = bi_getlength(src);
+        if (len < 0) {
+            bi_error_set(err, (int)-len, "Unable to get image size");
+            return (int)len;
+        }
+        out->required = (uint64_t)len;
+    } else {
+        const char *v = NULL;
+        for (const char *const *p = opts; p && *p; p++)
+            if (!strncmp(*p, "size=", 5))
+                v = *p + 5;
+        uint64_t sz = 0;
+        if (v && bi_parse_size(v, &sz) < 0) {
+            bi_error_set(err, 0, "Parameter 'size' expects a size");
+            return -EINVAL;
+        }
+        out->required = bi_align_up(sz, 512);
+    }
+    out->fully_allocated = out->required;
+    return 0;
+}
+
 /* qemu 7.2's raw creation options (the file protocol adds its own). */
 static const struct bi_opt_desc raw_create_opts[] = {
     {"size", BI_OPT_SIZE, "Virtual disk size", NULL, 0},
@@ -115,6 +144,7 @@ const struct bi_driver bi_drv_raw = {
     .open = raw_open,
     .create = raw_create,
     .create_opts = raw_create_opts,
+    .measure = raw_measure,
     .refresh_limits = raw_refresh_limits,
     .co_map = raw_co_map,
     .co_pwrite_zeroes = raw_co_pwrite_zeroes,

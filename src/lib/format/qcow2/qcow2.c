@@ -1016,6 +1016,7 @@ const struct bi_driver bi_drv_qcow2 = {
     .co_close_prepare = qcow2_co_close_prepare,
     .create = qcow2_create,
     .create_opts = qc_create_opts,
+    .measure = qcow2_measure,
     .refresh_limits = qcow2_refresh_limits,
     .co_map = qcow2_co_map,
     .co_write_done = qcow2_co_write_done,

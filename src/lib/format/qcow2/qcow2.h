@@ -460,9 +460,12 @@ void qc_bitmaps_truncate_done(bi_node *n, uint64_t size);
 int qc_bitmaps_store(bi_node *n);
 void qc_bitmaps_free(qcow2_state *s);
 
-/* ---- create (qcow2_create.c) ---- */
+/* ---- create and measure (qcow2_create.c, qcow2_measure.c) ---- */
 /* The creation options, in QEMU's order. */
 extern const struct bi_opt_desc qc_create_opts[];
+/* qemu-img measure (bi_driver.measure). */
+int qcow2_measure(const char *const *opts, bi_node *src, struct bi_measure *out,
+                  bi_error *err);
 int qcow2_create(const char *filename, const struct bi_create_opts *o,
                  bi_error *err);
 
