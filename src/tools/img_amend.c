@@ -3,6 +3,7 @@
 #include "blkimg/blkimg.h"
 #include "blkimg/convert.h"
 #include "blkimg/image_ops.h"
+#include "common.h"
 #include "img.h"
 #include "util/util.h"
 
@@ -21,32 +22,18 @@ bi_node *cv_open(const char *filename, const char *fmt, bool image_opts,
 void cv_free_strv(char **v);
 char **cv_optlist_strv(const struct bi_optlist *l);
 
-/* qemu 7.2's qcow2 amend options, as -o help lists them. */
-static const char qcow2_amend_help[] =
-    "Amend options for 'qcow2':\n"
-    "  backing_file=<str>     - File name of a base image\n"
-    "  backing_fmt=<str>      - Image format of the base image\n"
-    "  compat=<str>           - Compatibility level (v2 [0.10] or v3 [1.1])\n"
-    "  data_file=<str>        - File name of an external data file\n"
-    "  data_file_raw=<bool (on/off)> - The external data file must stay "
-    "valid as a raw image\n"
-    "  encrypt.iter-time=<num> - Time to spend in PBKDF in milliseconds\n"
-    "  encrypt.keyslot=<num>  - Select a single keyslot to modify "
-    "explicitly\n"
-    "  encrypt.new-secret=<str> - New secret to set in the matching "
-    "keyslots. Empty string to erase\n"
-    "  encrypt.old-secret=<str> - Select all keyslots that match this "
-    "password\n"
-    "  encrypt.state=<str>    - Select new state of affected keyslots "
-    "(active/inactive)\n"
-    "  lazy_refcounts=<bool (on/off)> - Postpone refcount updates\n"
-    "  refcount_bits=<num>    - Width of a reference count entry in bits\n"
-    "  size=<size>            - Virtual disk size\n";
-
+/* qemu-img amend's -o help: the format's amend options, sorted. */
 static int print_amend_help(const char *fmt)
 {
-    if (!strcmp(fmt, "qcow2")) {
-        fputs(qcow2_amend_help, stdout);
+    const struct bi_opt_desc *opts = bi_amend_opts(fmt);
+    if (opts) {
+        const struct bi_opt_desc *v[64];
+        int n = 0;
+        for (; opts[n].name && n < (int)BI_ARRAY_SIZE(v); n++) {
+            v[n] = &opts[n];
+        }
+        printf("Amend options for '%s':\n", fmt);
+        img_print_opt_list(v, n);
         return 0;
     }
     if (bi_format_exists(fmt) < 0) {

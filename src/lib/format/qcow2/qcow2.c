@@ -1034,6 +1034,7 @@ const struct bi_driver bi_drv_qcow2 = {
     .change_backing_file = qcow2_change_backing_file,
     .co_make_empty = qcow2_co_make_empty,
     .amend = qcow2_amend,
+    .amend_opts = qc_amend_opts,
     .snapshot = &qc_snapshot_ops,
     .bitmap = &qc_bitmap_ops,
 };

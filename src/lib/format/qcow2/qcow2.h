@@ -518,5 +518,7 @@ int qcow2_change_backing_file(bi_node *n, const char *backing_file,
 int qcow2_co_make_empty(bi_node *n);
 int qcow2_amend(bi_node *n, const char *const *options, bool force,
                 bi_amend_status_cb *cb, void *opaque, bi_error *err);
+/* The options amend takes, as qemu-img amend -o help lists them. */
+extern const struct bi_opt_desc qc_amend_opts[];
 
 #endif

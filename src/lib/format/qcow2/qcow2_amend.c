@@ -1118,3 +1118,30 @@ int qcow2_amend(bi_node *n, const char *const *options, bool force,
     }
     return 0;
 }
+
+/* qemu 7.2's qcow2 amend options (names, types, help texts). */
+const struct bi_opt_desc qc_amend_opts[] = {
+    {"backing_file", BI_OPT_STRING, "File name of a base image", NULL, 0},
+    {"backing_fmt", BI_OPT_STRING, "Image format of the base image", NULL, 0},
+    {"compat", BI_OPT_STRING, "Compatibility level (v2 [0.10] or v3 [1.1])",
+     NULL, 0},
+    {"data_file", BI_OPT_STRING, "File name of an external data file", NULL, 0},
+    {"data_file_raw", BI_OPT_BOOL,
+     "The external data file must stay valid as a raw image", NULL, 0},
+    {"encrypt.iter-time", BI_OPT_NUMBER,
+     "Time to spend in PBKDF in milliseconds", NULL, 0},
+    {"encrypt.keyslot", BI_OPT_NUMBER,
+     "Select a single keyslot to modify explicitly", NULL, 0},
+    {"encrypt.new-secret", BI_OPT_STRING,
+     "New secret to set in the matching keyslots. Empty string to erase", NULL,
+     0},
+    {"encrypt.old-secret", BI_OPT_STRING,
+     "Select all keyslots that match this password", NULL, 0},
+    {"encrypt.state", BI_OPT_STRING,
+     "Select new state of affected keyslots (active/inactive)", NULL, 0},
+    {"lazy_refcounts", BI_OPT_BOOL, "Postpone refcount updates", NULL, 0},
+    {"refcount_bits", BI_OPT_NUMBER, "Width of a reference count entry in bits",
+     NULL, 0},
+    {"size", BI_OPT_SIZE, "Virtual disk size", NULL, 0},
+    {NULL, 0, NULL, NULL, 0},
+};
