@@ -369,45 +369,52 @@ fail:
     return -EINVAL;
 }
 
-/* Runtime options of the format drivers that the library takes (as
- * driver_opts); anything else is refused as qemu refuses an unknown one. */
+int tool_check_driver_opt(const char *driver, const char *kv, char *errbuf,
+                          size_t errlen)
+{
+    size_t kl = strcspn(kv, "=");
+    char *key = bi_xasprintf("%.*s", (int)kl, kv);
+    const struct bi_opt_desc *d = bi_runtime_opt_find(driver, key);
+    uint64_t v;
+    int ret = -EINVAL;
+
+    if (!d) {
+        snprintf(errbuf, errlen,
+                 "Block %s '%s' does not support the option "
+                 "'%s'",
+                 bi_format_caps(driver) & BI_FORMAT_PROTOCOL ? "protocol"
+                                                             : "format",
+                 driver, key);
+    } else if (d->flags & BI_OPT_REFUSED) {
+        if (d->help) {
+            snprintf(errbuf, errlen, "%s", d->help);
+        } else {
+            snprintf(errbuf, errlen,
+                     "The %s format's option '%s' is not "
+                     "supported",
+                     driver, key);
+        }
+    } else if (d->type == BI_OPT_SIZE && kv[kl] &&
+               bi_parse_size(kv + kl + 1, &v) < 0) {
+        snprintf(errbuf, errlen,
+                 "Parameter '%s' expects a non-negative number below 2^64\n"
+                 "Optional suffix k, M, G, T, P or E means kilo-, mega-, "
+                 "giga-, tera-, peta-\n"
+                 "and exabytes, respectively.",
+                 key);
+    } else {
+        ret = 0;
+    }
+    free(key);
+    return ret;
+}
+
+/* Checks every "key=value" of opts against driver's runtime options. */
 static int check_driver_opts(const char *driver, char *const *opts,
                              char *errbuf, size_t errlen)
 {
-    static const struct {
-        const char *driver, *key;
-        bool is_size;
-    } known[] = {
-        {"qcow2", "l2-cache-size", true},
-        {"qcow2", "refcount-cache-size", true},
-        {"qcow2", "data-file", false},
-    };
     for (char *const *p = opts; p && *p; p++) {
-        const char *eq = strchr(*p, '=');
-        size_t kl = eq ? (size_t)(eq - *p) : strlen(*p);
-        bool ok = false;
-        for (size_t i = 0; i < sizeof(known) / sizeof(known[0]); i++) {
-            if (!strcmp(known[i].driver, driver) &&
-                strlen(known[i].key) == kl && !strncmp(known[i].key, *p, kl)) {
-                uint64_t v;
-                if (known[i].is_size && bi_parse_size(eq + 1, &v) < 0) {
-                    snprintf(errbuf, errlen,
-                             "Parameter '%.*s' expects a non-negative "
-                             "number below 2^64\n"
-                             "Optional suffix k, M, G, T, P or E means "
-                             "kilo-, mega-, giga-, tera-, peta-\n"
-                             "and exabytes, respectively.",
-                             (int)kl, *p);
-                    return -EINVAL;
-                }
-                ok = true;
-            }
-        }
-        if (!ok) {
-            snprintf(errbuf, errlen,
-                     "Block %s '%s' does not support the option '%.*s'",
-                     strcmp(driver, "file") ? "format" : "protocol", driver,
-                     (int)kl, *p);
+        if (tool_check_driver_opt(driver, *p, errbuf, errlen) < 0) {
             return -EINVAL;
         }
     }

@@ -86,6 +86,12 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
                           char *errbuf, size_t errlen);
 void tool_image_opts_free(struct tool_image_opts *io);
 
+/* Checks a runtime option "key=value" of driver (a format or protocol
+ * name) against the driver's table: unknown, refused, or a size that does
+ * not parse gives -EINVAL and qemu's words in errbuf. */
+int tool_check_driver_opt(const char *driver, const char *kv, char *errbuf,
+                          size_t errlen);
+
 /* Opens an image as qemu-img's img_open(); prints the error and returns
  * NULL on failure. Selects the aio engine when asked. ti->cache is set to
  * the cache mode in effect (--image-opts may change it). */

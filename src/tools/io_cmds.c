@@ -11,6 +11,7 @@
  * I/O, while waiting at the prompt, or at exit.
  */
 #include "io_cmds.h"
+#include "common.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -2053,68 +2054,24 @@ static const char *open_error_text(const bi_error *err, const char *fname)
     return inner;
 }
 
-/* qemu 7.2's qcow2 runtime options. The library reads the cache sizes
- * and data-file; the rest tune behaviour it does not have (lazy refcount
- * updates, discard passing, metadata overlap checks, cache cleaning) and
- * are accepted without effect, as harmless. */
-static const char *const qcow2_opts[] = {
-    "lazy-refcounts",
-    "pass-discard-request",
-    "pass-discard-snapshot",
-    "pass-discard-other",
-    "overlap-check",
-    "overlap-check.template",
-    "overlap-check.main-header",
-    "overlap-check.active-l1",
-    "overlap-check.active-l2",
-    "overlap-check.refcount-table",
-    "overlap-check.refcount-block",
-    "overlap-check.snapshot-table",
-    "overlap-check.inactive-l1",
-    "overlap-check.inactive-l2",
-    "overlap-check.bitmap-directory",
-    "cache-size",
-    "l2-cache-size",
-    "l2-cache-entry-size",
-    "refcount-cache-size",
-    "cache-clean-interval",
-    "data-file",
-    NULL,
-};
-
 /* Checks a format option ("key=value") against what the format takes;
  * prints the error (after prefix) and returns -EINVAL if it does not. */
 static int check_driver_opt(const char *prefix, const char *fmt, const char *kv)
 {
     size_t kl = strcspn(kv, "=");
+    char msg[1024];
 
-    if (!strcmp(fmt, "qcow2")) {
-        if (!strncmp(kv, "encrypt.", 8)) {
-            io_error_report("%sEncrypted images are not supported", prefix);
-            return -EINVAL;
-        }
-        for (int i = 0; qcow2_opts[i]; i++) {
-            if (strlen(qcow2_opts[i]) == kl &&
-                !strncmp(qcow2_opts[i], kv, kl)) {
-                return 0;
-            }
-        }
-    } else if (!strcmp(fmt, "raw") &&
-               (!strncmp(kv, "offset=", 7) || !strncmp(kv, "size=", 5))) {
-        /* a window into the file: refusing beats writing outside it */
-        io_error_report("%sThe raw format's option '%.*s' is not supported",
-                        prefix, (int)kl, kv);
-        return -EINVAL;
-    }
     if (kl >= 7 && !strncmp(kv, "backing", 7) &&
         (kv[7] == '.' || kv[7] == '=')) {
         io_error_report("%sOption '%.*s' is not supported", prefix, (int)kl,
                         kv);
         return -EINVAL;
     }
-    io_error_report("%sBlock format '%s' does not support the option '%.*s'",
-                    prefix, fmt, (int)kl, kv);
-    return -EINVAL;
+    if (tool_check_driver_opt(fmt, kv, msg, sizeof(msg)) < 0) {
+        io_error_report("%s%s", prefix, msg);
+        return -EINVAL;
+    }
+    return 0;
 }
 
 /* Snapshot mode (-s): the image, opened read-only, becomes the backing
@@ -2587,7 +2544,7 @@ static int open_f(int argc, char **argv)
 }
 
 /* Whether reopen -o may change key on an image of format fmt: the cache
- * and read-only switches, discard, and qcow2's run-time options. */
+ * and read-only switches, discard, and the format's runtime options. */
 static bool reopen_key_ok(const char *fmt, const char *key)
 {
     static const char *const common[] = {"read-only", "cache.direct",
@@ -2597,12 +2554,8 @@ static bool reopen_key_ok(const char *fmt, const char *key)
             return true;
         }
     }
-    for (int i = 0; !strcmp(fmt, "qcow2") && qcow2_opts[i]; i++) {
-        if (!strcmp(key, qcow2_opts[i])) {
-            return true;
-        }
-    }
-    return false;
+    const struct bi_opt_desc *d = bi_runtime_opt_find(fmt, key);
+    return d && !(d->flags & BI_OPT_REFUSED);
 }
 
 static int reopen_f(int argc, char **argv);

@@ -137,6 +137,15 @@ static const struct bi_opt_desc raw_create_opts[] = {
     {NULL, 0, NULL, NULL, 0},
 };
 
+/* qemu 7.2's raw runtime options: offset and size make the node a window
+ * into the file, which blkimg does not do (refusing beats reading or
+ * writing outside the window). */
+static const struct bi_opt_desc raw_runtime_opts[] = {
+    {"offset", BI_OPT_SIZE, NULL, NULL, BI_OPT_REFUSED},
+    {"size", BI_OPT_SIZE, NULL, NULL, BI_OPT_REFUSED},
+    {NULL, 0, NULL, NULL, 0},
+};
+
 const struct bi_driver bi_drv_raw = {
     .name = "raw",
     .identity_map = true,
@@ -145,6 +154,7 @@ const struct bi_driver bi_drv_raw = {
     .create = raw_create,
     .create_opts = raw_create_opts,
     .measure = raw_measure,
+    .runtime_opts = raw_runtime_opts,
     .refresh_limits = raw_refresh_limits,
     .co_map = raw_co_map,
     .co_pwrite_zeroes = raw_co_pwrite_zeroes,

@@ -1006,6 +1006,53 @@ static int qcow2_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
     return 0;
 }
 
+/* qemu 7.2's qcow2 runtime options. The cache sizes and data-file are
+ * read at open; the rest tune behaviour blkimg does not have (lazy
+ * refcount updates at run time, discard passing, overlap check selection,
+ * cache cleaning) and are accepted without effect. */
+static const struct bi_opt_desc qcow2_runtime_opts[] = {
+    {"lazy-refcounts", BI_OPT_BOOL, "Postpone refcount updates", NULL, 0},
+    {"pass-discard-request", BI_OPT_BOOL,
+     "Pass guest discard requests to the layer below", NULL, 0},
+    {"pass-discard-snapshot", BI_OPT_BOOL,
+     "Discard freed clusters of deleted snapshots in the layer below", NULL, 0},
+    {"pass-discard-other", BI_OPT_BOOL,
+     "Discard other freed clusters in the layer below", NULL, 0},
+    {"overlap-check", BI_OPT_STRING,
+     "Metadata overlap checks: none, constant, cached or all", NULL, 0},
+    {"overlap-check.template", BI_OPT_STRING,
+     "Overlap check template: none, constant, cached or all", NULL, 0},
+    {"overlap-check.main-header", BI_OPT_BOOL, "Check the main header", NULL,
+     0},
+    {"overlap-check.active-l1", BI_OPT_BOOL, "Check the active L1 table", NULL,
+     0},
+    {"overlap-check.active-l2", BI_OPT_BOOL, "Check the active L2 tables", NULL,
+     0},
+    {"overlap-check.refcount-table", BI_OPT_BOOL, "Check the refcount table",
+     NULL, 0},
+    {"overlap-check.refcount-block", BI_OPT_BOOL, "Check the refcount blocks",
+     NULL, 0},
+    {"overlap-check.snapshot-table", BI_OPT_BOOL, "Check the snapshot table",
+     NULL, 0},
+    {"overlap-check.inactive-l1", BI_OPT_BOOL, "Check the inactive L1 tables",
+     NULL, 0},
+    {"overlap-check.inactive-l2", BI_OPT_BOOL, "Check the inactive L2 tables",
+     NULL, 0},
+    {"overlap-check.bitmap-directory", BI_OPT_BOOL,
+     "Check the bitmap directory", NULL, 0},
+    {"cache-size", BI_OPT_SIZE, "Maximum metadata cache size", NULL, 0},
+    {"l2-cache-size", BI_OPT_SIZE, "Maximum L2 table cache size", NULL, 0},
+    {"l2-cache-entry-size", BI_OPT_SIZE, "Size of an L2 cache entry", NULL, 0},
+    {"refcount-cache-size", BI_OPT_SIZE, "Maximum refcount block cache size",
+     NULL, 0},
+    {"cache-clean-interval", BI_OPT_NUMBER,
+     "Seconds between unused cache entry removals", NULL, 0},
+    {"data-file", BI_OPT_STRING, "The external data file", NULL, 0},
+    {"encrypt.", BI_OPT_STRING, "Encrypted images are not supported", NULL,
+     BI_OPT_PREFIX | BI_OPT_REFUSED},
+    {NULL, 0, NULL, NULL, 0},
+};
+
 const struct bi_driver bi_drv_qcow2 = {
     .name = "qcow2",
     .is_protocol = false,
@@ -1035,6 +1082,7 @@ const struct bi_driver bi_drv_qcow2 = {
     .co_make_empty = qcow2_co_make_empty,
     .amend = qcow2_amend,
     .amend_opts = qc_amend_opts,
+    .runtime_opts = qcow2_runtime_opts,
     .snapshot = &qc_snapshot_ops,
     .bitmap = &qc_bitmap_ops,
 };
