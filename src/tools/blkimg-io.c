@@ -8,6 +8,7 @@
  * stdin is a terminal, as qemu-io does). The exit code is 1 if opening the
  * image or any command failed, else 0.
  */
+#include "common.h"
 #include "io_cmds.h"
 
 #include <errno.h>
@@ -26,6 +27,8 @@
 
 static void usage(const char *name)
 {
+    char *drivers =
+        tool_driver_names(TOOL_FORMATS | TOOL_PROTOCOLS, ", ", false);
     printf("Usage: %s [OPTIONS]... [-c STRING]... [file]\n"
            "blkimg disk image exerciser (qemu-io compatible)\n"
            "\n"
@@ -33,8 +36,10 @@ static void usage(const char *name)
            "                       (driver=raw,file.filename=x.img,...)\n"
            "  -c, --cmd STRING     run this command (repeatable; without -c,\n"
            "                       commands are read from standard input)\n"
-           "  -f, --format FMT     image format (raw, qcow2, file)\n"
-           "  -r, --read-only      open the image read-only\n"
+           "  -f, --format FMT     image format (%s)\n",
+           name, drivers);
+    free(drivers);
+    printf("  -r, --read-only      open the image read-only\n"
            "  -s, --snapshot       writes go to a temporary overlay; the "
            "image\n"
            "                       itself is not modified\n"
@@ -63,7 +68,7 @@ static void usage(const char *name)
            "Not supported: -T (--trace), --object.\n"
            "\n"
            "See '%s -c help' for information on available commands.\n",
-           name, name);
+           name);
 }
 
 /* ------------------------------------------------------ reading stdin */

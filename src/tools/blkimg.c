@@ -125,15 +125,17 @@ static void print_version(void)
 void img_help(void)
 {
     print_version();
+    char *formats = tool_driver_names(TOOL_FORMATS, ", ", false);
     printf("usage: %s [standard options] command [command options]\n"
-           "Disk image utility (raw, qcow2), command-line compatible with "
+           "Disk image utility (%s), command-line compatible with "
            "qemu-img\n"
            "\n"
            "    '-h', '--help'       display this help and exit\n"
            "    '-V', '--version'    output version information and exit\n"
            "\n"
            "Command syntax:\n",
-           tool_prog);
+           tool_prog, formats);
+    free(formats);
     for (size_t i = 0; i < sizeof(img_syntax) / sizeof(img_syntax[0]); i++) {
         if (have_cmd(img_syntax[i].name)) {
             printf("  %s\n", img_syntax[i].syntax);
@@ -217,7 +219,9 @@ void img_help(void)
                "  physical sector size, and the cache mode ('-t', default "
                "writeback)\n");
     }
-    printf("\nSupported formats: file qcow2 raw\n");
+    char *all = tool_driver_names(TOOL_FORMATS | TOOL_PROTOCOLS, " ", true);
+    printf("\nSupported formats: %s\n", all);
+    free(all);
     exit(EXIT_SUCCESS);
 }
 

@@ -369,6 +369,40 @@ fail:
     return -EINVAL;
 }
 
+static int cmp_name(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+char *tool_driver_names(unsigned which, const char *sep, bool sorted)
+{
+    const char *v[64];
+    int n = 0;
+    const char *name;
+    for (int pass = 0; pass < 2; pass++) {
+        bool protocols = pass == 1;
+        if (!(which & (protocols ? TOOL_PROTOCOLS : TOOL_FORMATS))) {
+            continue;
+        }
+        for (int i = 0; (name = bi_driver_name(i)) && n < 64; i++) {
+            bool is_proto = bi_format_caps(name) & BI_FORMAT_PROTOCOL;
+            if (is_proto == protocols) {
+                v[n++] = name;
+            }
+        }
+    }
+    if (sorted) {
+        qsort(v, (size_t)n, sizeof(v[0]), cmp_name);
+    }
+    char *s = bi_xstrdup("");
+    for (int i = 0; i < n; i++) {
+        char *t = bi_xasprintf("%s%s%s", s, i ? sep : "", v[i]);
+        free(s);
+        s = t;
+    }
+    return s;
+}
+
 int tool_check_driver_opt(const char *driver, const char *kv, char *errbuf,
                           size_t errlen)
 {

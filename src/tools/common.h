@@ -86,6 +86,11 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
                           char *errbuf, size_t errlen);
 void tool_image_opts_free(struct tool_image_opts *io);
 
+/* The registered drivers' names joined by sep (malloc'd): formats and/or
+ * protocols (which), each kind in registry order, or all sorted. */
+enum { TOOL_FORMATS = 1, TOOL_PROTOCOLS = 2 };
+char *tool_driver_names(unsigned which, const char *sep, bool sorted);
+
 /* Checks a runtime option "key=value" of driver (a format or protocol
  * name) against the driver's table: unknown, refused, or a size that does
  * not parse gives -EINVAL and qemu's words in errbuf. */

@@ -4,6 +4,10 @@
 #ifndef BI_TOOLS_IMG_H
 #define BI_TOOLS_IMG_H
 
+/* qemu-img's documented default format for new images (create, and the
+ * output of convert, dd and measure). */
+#define IMG_DEFAULT_FORMAT "raw"
+
 int img_create(int argc, char **argv);
 int img_info(int argc, char **argv);
 int img_map(int argc, char **argv);

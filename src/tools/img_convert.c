@@ -486,7 +486,7 @@ int img_convert(int argc, char **argv)
     }
 
     if (!out_fmt && !tgt_image_opts) {
-        out_fmt = "raw";
+        out_fmt = IMG_DEFAULT_FORMAT;
     }
     if (skip_broken && !bitmaps) {
         cv_err("Use of --skip-broken-bitmaps requires --bitmaps");

@@ -267,7 +267,7 @@ int img_create(int argc, char **argv)
         {"object", required_argument, 0, 'O'},
         {0, 0, 0, 0},
     };
-    const char *fmt = "raw", *base_fmt = NULL,
+    const char *fmt = IMG_DEFAULT_FORMAT, *base_fmt = NULL,
                *base_filename = NULL;
     const char *filename;
     char *options = NULL;

@@ -56,7 +56,7 @@ int img_dd(int argc, char **argv)
         {"force-share", no_argument, NULL, 'U'},
         {NULL, 0, NULL, 0},
     };
-    const char *fmt = NULL, *out_fmt = "raw";
+    const char *fmt = NULL, *out_fmt = IMG_DEFAULT_FORMAT;
     const char *in_name = NULL, *out_name = NULL;
     bool image_opts = false, force_share = false;
     bool has_count = false, has_skip = false;

@@ -30,7 +30,7 @@ int img_measure(int argc, char **argv)
         {"force-share", no_argument, NULL, 'U'},
         {NULL, 0, NULL, 0},
     };
-    const char *fmt = NULL, *out_fmt = "raw", *filename = NULL;
+    const char *fmt = NULL, *out_fmt = IMG_DEFAULT_FORMAT, *filename = NULL;
     bool image_opts = false, force_share = false, json = false;
     uint64_t img_size = UINT64_MAX;
     struct bi_optlist opts;

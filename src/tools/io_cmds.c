@@ -2074,6 +2074,11 @@ static int check_driver_opt(const char *prefix, const char *fmt, const char *kv)
     return 0;
 }
 
+/* As qemu-io: the format of -s's temporary overlay, and the format an
+ * image opened without one is named by in messages. */
+#define IO_OVERLAY_FORMAT "qcow2"
+#define IO_DEFAULT_FORMAT "raw"
+
 /* Snapshot mode (-s): the image, opened read-only, becomes the backing
  * file of a temporary qcow2 overlay that takes all writes; the overlay is
  * unlinked once open, so it disappears with the process. */
@@ -2106,7 +2111,7 @@ static bi_node *open_snapshot(bi_node *base, const char *fname,
     }
     close(fd);
     memset(&co, 0, sizeof(co));
-    co.format = "qcow2";
+    co.format = IO_OVERLAY_FORMAT;
     co.size = (uint64_t)size;
     co.size_set = true;
     co.backing_file = real;
@@ -2118,7 +2123,7 @@ static bi_node *open_snapshot(bi_node *base, const char *fname,
         unlink(tmp);
         goto out;
     }
-    o.format = "qcow2";
+    o.format = IO_OVERLAY_FORMAT;
     o.driver_opts = NULL;
     o.quiet_probe = true;
     bi_error_init(&err);
@@ -2247,7 +2252,7 @@ int io_openfile(const char *name, struct io_open_req *r)
                 (!driver || strcmp(driver, "file") != 0)) {
                 io_error_report("%sBlock format '%s' does not support the "
                                 "option 'filename'",
-                                prefix, driver ? driver : "raw");
+                                prefix, driver ? driver : IO_DEFAULT_FORMAT);
                 goto out;
             }
             continue;

@@ -256,9 +256,10 @@ const struct bi_driver *bi_create_protocol(void);
  * image (raw if none claims it). */
 const struct bi_driver *bi_probe_format(const uint8_t *buf, size_t len,
                                         const char *filename);
-extern const struct bi_driver bi_drv_file;
-extern const struct bi_driver bi_drv_raw;
-extern const struct bi_driver bi_drv_qcow2;
+/* Every registered driver's table, bi_drv_<name>. */
+#define BI_DRIVER(name) extern const struct bi_driver bi_drv_##name;
+#include "format/drivers.def"
+#undef BI_DRIVER
 
 /* Opens a protocol node on filename (used by format drivers for external
  * data files and by the generic open). */

@@ -6,9 +6,9 @@
 #include <string.h>
 
 static const struct bi_driver *const drivers[] = {
-    &bi_drv_file,
-    &bi_drv_raw,
-    &bi_drv_qcow2,
+#define BI_DRIVER(name) &bi_drv_##name,
+#include "format/drivers.def"
+#undef BI_DRIVER
 };
 
 const struct bi_driver *bi_driver_find(const char *name)
