@@ -1,8 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * libblkimg copy engine: the machinery behind `blkimg convert` (and dd,
- * rebase, commit), plus qemu-img compatible progress reporting and image
- * size measurement.
+ * rebase, commit), and image size measurement.
  *
  * The engine copies the concatenation of one or more source nodes into a
  * target node with many requests in flight (or, for commit and rebase, the
@@ -10,7 +9,8 @@
  * reads what block status reports as zero or unallocated, skips zero ranges
  * when the target already reads as zeroes, writes zeroes efficiently otherwise,
  * detects runs of zeroes in data (sparse output), can compress through the
- * target driver and can offload the copy with copy_file_range.
+ * target driver and can offload the copy with copy_file_range. Progress
+ * reaches the caller through a callback (the tools print it).
  */
 #ifndef BLKIMG_CONVERT_H
 #define BLKIMG_CONVERT_H
@@ -98,43 +98,6 @@ BI_EXPORT void bi_convert_opts_init(struct bi_convert_opts *o);
  * writing at byte 1048576: No space left on device". */
 BI_EXPORT int bi_convert(const struct bi_convert_opts *o, bi_error *err);
 
-/* ---------------------------------------------------------- progress */
-
-enum bi_progress_mode {
-    BI_PROGRESS_NONE = 0,
-    BI_PROGRESS_QEMU, /* "    (NN.NN/100%)\r" lines, as qemu-img -p */
-    BI_PROGRESS_BAR,  /* a bar with rate and time left (stderr if tty) */
-    BI_PROGRESS_JSON, /* one JSON object a line */
-};
-
-struct bi_progress {
-    enum bi_progress_mode mode;
-    FILE *out;
-    float current; /* percent, qemu's float arithmetic */
-    float last_print;
-    float min_skip;
-    uint64_t start_ns;
-    uint64_t last_ns;
-    uint64_t done, total; /* bytes, for bar and json */
-    const char *op;       /* operation name for json ("convert") */
-};
-
-/* Parses "qemu", "bar", "json" (--progress=MODE). */
-BI_EXPORT int bi_progress_parse(const char *s, enum bi_progress_mode *out);
-BI_EXPORT void bi_progress_init(struct bi_progress *p,
-                                enum bi_progress_mode mode, float min_skip,
-                                const char *op);
-/* qemu_progress_print(): with max == 0 delta is the absolute percentage,
- * else a delta as fraction of max percent. */
-BI_EXPORT void bi_progress_print(struct bi_progress *p, float delta, int max);
-/* Byte counts for the extended modes (and percentage for all). */
-BI_EXPORT void bi_progress_bytes(struct bi_progress *p, uint64_t done,
-                                 uint64_t total);
-BI_EXPORT void bi_progress_end(struct bi_progress *p);
-/* A bi_convert_progress_cb driving a struct bi_progress. */
-BI_EXPORT void bi_progress_convert_cb(void *opaque, uint64_t done,
-                                      uint64_t total);
-
 /* ----------------------------------------------------------- measure */
 
 struct bi_measure {
@@ -143,7 +106,7 @@ struct bi_measure {
     bool has_bitmaps;
     uint64_t bitmaps;
 };
-/* Sizes a new image of format (raw, qcow2) with creation options (-o,
+/* Sizes a new image of format with creation options (-o,
  * NULL-terminated "key=value") would need: for the contents of src if
  * non-NULL, else for an empty image of the size in the options. */
 BI_EXPORT int bi_measure(const char *format, const char *const *options,

@@ -12,6 +12,7 @@
 #include "blkimg/image_ops.h"
 #include "img.h"
 #include "img_chain.h"
+#include "progress.h"
 #include "util/util.h"
 
 #include <errno.h>

@@ -9,6 +9,7 @@
 #include "blkimg/blkimg.h"
 #include "blkimg/convert.h"
 #include "img.h"
+#include "progress.h"
 #include "util/util.h"
 
 #include <errno.h>

@@ -10,6 +10,7 @@
 #include "blkimg/image_ops.h"
 #include "common.h"
 #include "img.h"
+#include "progress.h"
 #include "util/util.h"
 
 #include <errno.h>

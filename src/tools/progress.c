@@ -7,7 +7,7 @@
  * than min_skip since the last print, or is 0 or 100; "\n" at the end.
  * The bar and JSON modes are extensions for humans and pipelines.
  */
-#include "blkimg/convert.h"
+#include "progress.h"
 #include "util/util.h"
 
 #include <errno.h>
