@@ -25,7 +25,18 @@ def imgs(tmp_path):
                    check=True, capture_output=True)
     odd = tmp_path / "odd.raw"
     odd.write_bytes(b"\x01" * 1001)
-    return {"RAW": raw, "QCOW": str(q), "ZQ": str(q2), "ODD": str(odd)}
+    # persistent bitmaps count in "bitmaps size" (v3 sources only)
+    bm = tmp_path / "bm.qcow2"
+    v2 = tmp_path / "v2.qcow2"
+    subprocess.run(["qemu-img", "create", "-f", "qcow2", bm, "300M"],
+                   check=True, capture_output=True)
+    subprocess.run(["qemu-img", "create", "-f", "qcow2", "-o", "compat=0.10",
+                    v2, "10M"], check=True, capture_output=True)
+    for name, gran in (("b1", "65536"), ("a-much-longer-bitmap-name", "512")):
+        subprocess.run(["qemu-img", "bitmap", "--add", "-g", gran, bm, name],
+                       check=True, capture_output=True)
+    return {"RAW": raw, "QCOW": str(q), "ZQ": str(q2), "ODD": str(odd),
+            "BM": str(bm), "V2": str(v2)}
 
 
 CASES = [
@@ -49,6 +60,11 @@ CASES = [
     "-O qcow2 -o preallocation=metadata ZQ",
     "-O qcow2 -o backing_file=RAW,backing_fmt=raw QCOW",
     "-O qcow2 -o extended_l2=on ZQ",
+    "-O qcow2 BM",
+    "--output=json -O qcow2 -o cluster_size=4k BM",
+    "-O qcow2 -o compat=0.10 BM",
+    "-O qcow2 V2",
+    "-O raw BM",
     "--size 1G -O qcow2",
     "--size 1G",
     "--size 0 -O qcow2",
