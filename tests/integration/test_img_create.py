@@ -45,6 +45,13 @@ CASES = [
     ["-o", "extent_size_hint=2M", "x.raw", "1M"],
     ["-f", "qcow2", "-o", "lazy_refcounts", "x.qcow2", "1M"],
     ["-f", "qcow2", "-o", "nolazy_refcounts", "x.qcow2", "1M"],
+    # qemu's spellings of booleans and numbers; the line in qemu's order
+    ["-f", "qcow2", "-o", "lazy_refcounts=yes,refcount_bits=0x10",
+     "x.qcow2", "1M"],
+    ["-f", "qcow2", "-o", "lazy_refcounts=y,extended_l2=false",
+     "x.qcow2", "1M"],
+    ["-o", "preallocation=off,nocow=on,extent_size_hint=0x100000", "x.raw",
+     "1M"],
     # errors
     ["x.raw"],
     ["x.raw", "1Q"],
@@ -74,6 +81,7 @@ CASES = [
     ["-f", "qcow2", "-o", "refcount_bits=abc", "x.qcow2", "1M"],
     ["-f", "qcow2", "-o", "refcount_bits=3", "x.qcow2", "1M"],
     ["-f", "qcow2", "-o", "lazy_refcounts=maybe", "x.qcow2", "1M"],
+    ["-f", "qcow2", "-o", "lazy_refcounts=ON", "x.qcow2", "1M"],
     ["-f", "qcow2", "-o", "compat=2", "x.qcow2", "1M"],
     ["-f", "qcow2", "-o", "compression_type=lz4", "x.qcow2", "1M"],
     ["-f", "qcow2", "-o", "=5", "x.qcow2", "1M"],

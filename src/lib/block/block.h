@@ -252,6 +252,10 @@ const struct bi_driver *bi_driver_at(int i);
 /* The protocol new image files are created on: the first registered
  * (formats.c). */
 const struct bi_driver *bi_create_protocol(void);
+/* The entry of an option table (may be NULL) named key, or, for a
+ * BI_OPT_PREFIX entry, that key starts with; NULL if none. */
+const struct bi_opt_desc *bi_opt_lookup(const struct bi_opt_desc *table,
+                                        const char *key);
 /* The format driver whose probe scores highest on the first bytes of an
  * image (raw if none claims it). */
 const struct bi_driver *bi_probe_format(const uint8_t *buf, size_t len,

@@ -98,10 +98,35 @@ static char *escape_opt(const char *k, const char *v)
     return r;
 }
 
+/* The value a driver gets for option d given as v: a boolean as "on" or
+ * "off" and a number in decimal, whichever of qemu's spellings was given
+ * (yes/y/true, no/n/false; any base); anything else as given, for the
+ * driver to refuse in its words. num (32 bytes) holds the result. */
+static const char *canonical(const struct bi_opt_desc *d, const char *v,
+                             char *num)
+{
+    static const char *const on[] = {"on", "yes", "y", "true", NULL};
+    static const char *const off[] = {"off", "no", "n", "false", NULL};
+    uint64_t x;
+    if (!d || !v)
+        return v;
+    for (int i = 0; d->type == BI_OPT_BOOL && on[i]; i++) {
+        if (!strcmp(v, on[i]))
+            return "on";
+        if (!strcmp(v, off[i]))
+            return "off";
+    }
+    if (d->type == BI_OPT_NUMBER && parse_number(v, &x) == 0) {
+        snprintf(num, 32, "%" PRIu64, x);
+        return num;
+    }
+    return v;
+}
+
 /* The options of l split by owner: those only the protocol takes (nocow,
  * ...) into proto, the rest into fmt (both malloc'd "key=value" lists,
- * NULL-terminated; free with free_strv). size and preallocation, known to
- * both, stay with the format. */
+ * NULL-terminated; free with free_strv; values canonical). size and
+ * preallocation, known to both, stay with the format. */
 static void split_options(const struct bi_driver *drv,
                           const struct bi_optlist *l, char ***fmt,
                           char ***proto)
@@ -111,13 +136,12 @@ static void split_options(const struct bi_driver *drv,
     *fmt = bi_xzalloc((size_t)(l->n + 1) * sizeof(char *));
     *proto = bi_xzalloc((size_t)(l->n + 1) * sizeof(char *));
     for (int i = 0; i < l->n; i++) {
-        const char *k = l->v[i].key, *v = l->v[i].value;
-        bool own = false, theirs = false;
-        for (const struct bi_opt_desc *d = drv->create_opts; d && d->name; d++)
-            own |= !strcmp(d->name, k);
-        for (const struct bi_opt_desc *d = p ? p->create_opts : NULL;
-             d && d->name; d++)
-            theirs |= !strcmp(d->name, k);
+        const char *k = l->v[i].key;
+        const struct bi_opt_desc *own = bi_opt_lookup(drv->create_opts, k);
+        const struct bi_opt_desc *theirs =
+            p ? bi_opt_lookup(p->create_opts, k) : NULL;
+        char num[32];
+        const char *v = canonical(own ? own : theirs, l->v[i].value, num);
         bool generic = !strcmp(k, "size") || !strcmp(k, "preallocation");
         if (theirs && !own && !generic)
             (*proto)[np++] = escape_opt(k, v);
@@ -143,10 +167,7 @@ static int check_generic(const struct bi_driver *drv,
     const char *pre = bi_optlist_get(l, "preallocation");
     if (pre && bi_prealloc_parse(pre, &co->prealloc) < 0) {
         /* the words of the driver whose option it is */
-        bool own = false;
-        for (const struct bi_opt_desc *d = drv->create_opts; d && d->name; d++)
-            own |= !strcmp(d->name, "preallocation");
-        if (own)
+        if (bi_opt_lookup(drv->create_opts, "preallocation"))
             bi_error_set(err, 0,
                          "Parameter 'preallocation' does not accept value "
                          "'%s'",

@@ -31,10 +31,8 @@ const char *bi_driver_name(int i)
     return d ? d->name : NULL;
 }
 
-/* The entry of table named key (or, for a BI_OPT_PREFIX entry, that key
- * starts with), or NULL. */
-static const struct bi_opt_desc *opt_lookup(const struct bi_opt_desc *table,
-                                            const char *key)
+const struct bi_opt_desc *bi_opt_lookup(const struct bi_opt_desc *table,
+                                        const char *key)
 {
     for (const struct bi_opt_desc *d = table; d && d->name; d++) {
         if ((d->flags & BI_OPT_PREFIX) ? !strncmp(key, d->name, strlen(d->name))
@@ -59,8 +57,8 @@ unsigned bi_format_caps(const char *format)
     if (!d)
         return 0;
     return (d->create ? BI_FORMAT_CREATE : 0) |
-           (opt_lookup(d->create_opts, "backing_file") ? BI_FORMAT_BACKING
-                                                       : 0) |
+           (bi_opt_lookup(d->create_opts, "backing_file") ? BI_FORMAT_BACKING
+                                                          : 0) |
            (d->co_pwrite_compressed ? BI_FORMAT_COMPRESS : 0) |
            (d->snapshot ? BI_FORMAT_SNAPSHOTS : 0) |
            (d->bitmap ? BI_FORMAT_BITMAPS : 0) |
@@ -107,11 +105,11 @@ const struct bi_opt_desc *bi_create_opt_find(const char *format,
     const struct bi_driver *d = bi_driver_find(format);
     if (!d)
         return NULL;
-    const struct bi_opt_desc *o = opt_lookup(d->create_opts, key);
+    const struct bi_opt_desc *o = bi_opt_lookup(d->create_opts, key);
     const struct bi_driver *proto =
         d->is_protocol ? NULL : bi_create_protocol();
     if (!o && proto)
-        o = opt_lookup(proto->create_opts, key);
+        o = bi_opt_lookup(proto->create_opts, key);
     return o;
 }
 
@@ -125,5 +123,5 @@ const struct bi_opt_desc *bi_runtime_opt_find(const char *format,
                                               const char *key)
 {
     const struct bi_driver *d = bi_driver_find(format);
-    return d ? opt_lookup(d->runtime_opts, key) : NULL;
+    return d ? bi_opt_lookup(d->runtime_opts, key) : NULL;
 }
