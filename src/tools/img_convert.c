@@ -285,7 +285,220 @@ enum {
     OPT_SKIP_BROKEN,
 };
 
-int img_convert(int argc, char **argv)
+/* What convert's command line asked for. */
+struct cv_args {
+    const char *fmt, *out_fmt, *out_baseimg, *backing_fmt;
+    const char *cache, *src_cache;
+    bool compress, copy_range, quiet, skip_create, out_of_order;
+    bool force_share, image_opts, tgt_image_opts, target_is_zero;
+    bool explicit_min_sparse;
+    bool bitmaps, skip_broken; /* img_bitmap.c */
+    enum bi_progress_mode pmode;
+    uint64_t min_sparse, rate_limit;
+    int num_co;
+    struct bi_optlist opts;    /* -o */
+    struct bi_optlist sn_opts; /* -l snapshot.id=...,snapshot.name=... */
+    const char *snapshot_name; /* -l ID_OR_NAME */
+    bool have_sn_opts;
+    char **src_names; /* n_src of them */
+    int n_src;
+    const char *out_filename;
+};
+
+/* One conversion: the images and what the checks found. */
+struct cv_run {
+    struct cv_args *a;
+    bi_node **src; /* a->n_src, NULL until opened */
+    bi_node *dst;
+    uint64_t total; /* bytes of all sources */
+    char **optv;    /* -o as "key=value" strings */
+    const char *prealloc_opt;
+    enum bi_cache tcache, scache;
+    struct bi_progress prog;
+    bool prog_started;
+};
+
+/* -l: "snapshot.id=ID,snapshot.name=NAME" (either or both), or an id or
+ * name. 0, or -1 with qemu-img's message printed. */
+static int parse_snapshot_arg(struct cv_args *a, const char *arg)
+{
+    bi_optlist_free(&a->sn_opts);
+    a->snapshot_name = NULL;
+    a->have_sn_opts = false;
+    if (strncmp(arg, "snapshot.", 9)) {
+        a->snapshot_name = arg;
+        return 0;
+    }
+    bool bad = bi_optlist_parse(&a->sn_opts, arg) < 0;
+    for (int i = 0; !bad && i < a->sn_opts.n; i++) {
+        const char *k = a->sn_opts.v[i].key;
+        if (strcmp(k, "snapshot.id") && strcmp(k, "snapshot.name")) {
+            cv_err("Invalid parameter '%s'", k);
+            bad = true;
+        } else if (!a->sn_opts.v[i].value) {
+            cv_err("warning: short-form boolean option '%s' deprecated", k);
+            fprintf(stderr, "Please use %s=on instead\n", k);
+        }
+    }
+    if (bad) {
+        cv_err("Failed in parsing snapshot param '%s'", arg);
+        return -1;
+    }
+    a->have_sn_opts = true;
+    return 0;
+}
+
+/* The numeric options: -S, -m, -r. 0, or -1 with the message printed. */
+static int parse_number_arg(struct cv_args *a, int c, const char *arg)
+{
+    if (c == 'S') {
+        uint64_t v;
+        if (bi_parse_size(arg, &v) < 0 || v % 512 || v > 16ULL * 1024 * 1024) {
+            cv_err("Invalid buffer size for sparse output specified. "
+                   "Valid sizes are multiples of 512 up to 16777216. "
+                   "Select 0 to disable sparse detection (fully "
+                   "allocates output).");
+            return -1;
+        }
+        a->min_sparse = v;
+        a->explicit_min_sparse = true;
+    } else if (c == 'm') {
+        char *end;
+        long v = strtol(arg, &end, 10);
+        if (!*arg || *end || v < 1 || v > 16) {
+            cv_err("Invalid number of coroutines. Allowed number of "
+                   "coroutines is between 1 and 16");
+            return -1;
+        }
+        a->num_co = (int)v;
+    } else if (cv_parse_rate(arg, &a->rate_limit) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+/* One option of getopt_long's return c. 0, 1 after --help, -1 on error
+ * (message printed). */
+static int parse_option(struct cv_args *a, int c, char **argv)
+{
+    switch (c) {
+    case ':':
+    case '?':
+        cv_getopt_error(argv, c);
+        return -1;
+    case 'h':
+        printf("usage: %s convert [--object objectdef] [--image-opts] "
+               "[--target-image-opts] [--target-is-zero] [-U] [-C] "
+               "[-c] [-p] [-q] [-n] [-f fmt] [-t cache] [-T src_cache] "
+               "[-O output_fmt] [-B backing_file [-F backing_fmt]] "
+               "[-o options] [-S sparse_size] [-m num_coroutines] [-W] "
+               "[--progress=qemu|bar|json] filename [filename2 [...]] "
+               "output_filename\n",
+               program_invocation_short_name);
+        return 1;
+    case 'f':
+        a->fmt = optarg;
+        break;
+    case 'O':
+        a->out_fmt = optarg;
+        break;
+    case 'B':
+        a->out_baseimg = optarg;
+        break;
+    case 'C':
+        a->copy_range = true;
+        break;
+    case 'c':
+        a->compress = true;
+        break;
+    case 'F':
+        a->backing_fmt = optarg;
+        break;
+    case 'o':
+        if (bi_optlist_parse(&a->opts, optarg) < 0) {
+            cv_err("Invalid option list: %s", optarg);
+            return -1;
+        }
+        break;
+    case 'l':
+        return parse_snapshot_arg(a, optarg);
+    case 'S':
+    case 'm':
+    case 'r':
+        return parse_number_arg(a, c, optarg);
+    case 'p':
+        a->pmode = BI_PROGRESS_QEMU;
+        break;
+    case OPT_PROGRESS:
+        if (!optarg) {
+            a->pmode = BI_PROGRESS_QEMU;
+        } else if (bi_progress_parse(optarg, &a->pmode) < 0) {
+            cv_err("Invalid progress mode '%s' (use qemu, bar or json)",
+                   optarg);
+            return -1;
+        }
+        break;
+    case 't':
+        a->cache = optarg;
+        break;
+    case 'T':
+        a->src_cache = optarg;
+        break;
+    case 'q':
+        a->quiet = true;
+        break;
+    case 'n':
+        a->skip_create = true;
+        break;
+    case 'W':
+        a->out_of_order = true;
+        break;
+    case 'U':
+        a->force_share = true;
+        break;
+    case OPT_IMAGE_OPTS:
+        a->image_opts = true;
+        break;
+    case OPT_TARGET_IMAGE_OPTS:
+        a->tgt_image_opts = true;
+        break;
+    case OPT_TARGET_IS_ZERO:
+        a->target_is_zero = true;
+        break;
+    case OPT_BITMAPS:
+        a->bitmaps = true;
+        break;
+    case OPT_SKIP_BROKEN:
+        a->skip_broken = true;
+        break;
+    }
+    return 0;
+}
+
+/* The combinations qemu-img refuses before opening anything. 0 or -1. */
+static int check_args(struct cv_args *a)
+{
+    if (a->skip_broken && !a->bitmaps) {
+        cv_err("Use of --skip-broken-bitmaps requires --bitmaps");
+    } else if (a->compress && a->copy_range) {
+        cv_err("Cannot enable copy offloading when -c is used");
+    } else if (a->explicit_min_sparse && a->copy_range) {
+        cv_err("Cannot enable copy offloading when -S is used");
+    } else if (a->skip_create && a->opts.n) {
+        cv_err("-o has no effect when skipping image creation");
+    } else if (a->target_is_zero && !a->skip_create) {
+        cv_err("--target-is-zero requires use of -n flag");
+    } else if (a->tgt_image_opts && !a->skip_create) {
+        cv_err("--target-image-opts requires use of -n flag");
+    } else {
+        return 0;
+    }
+    return -1;
+}
+
+/* Parses convert's command line into a (initialised here). Returns -1 to
+ * go on, else the exit status (errors printed, or -h / -o help done). */
+static int parse_args(int argc, char **argv, struct cv_args *a)
 {
     static const struct option long_opts[] = {
         {"help", no_argument, NULL, 'h'},
@@ -298,30 +511,376 @@ int img_convert(int argc, char **argv)
         {"skip-broken-bitmaps", no_argument, NULL, OPT_SKIP_BROKEN},
         {NULL, 0, NULL, 0},
     };
-    const char *fmt = NULL, *out_fmt = NULL, *out_baseimg = NULL;
-    const char *backing_fmt = NULL;
-    const char *cache = "unsafe", *src_cache = "writeback";
-    enum bi_cache tcache, scache;
-    bool compress = false, copy_range = false, quiet = false;
-    bool skip_create = false, out_of_order = false, force_share = false;
-    bool image_opts = false, tgt_image_opts = false, target_is_zero = false;
-    bool explicit_min_sparse = false;
-    bool bitmaps = false, skip_broken = false; /* img_bitmap.c */
-    enum bi_progress_mode pmode = BI_PROGRESS_NONE;
-    uint64_t min_sparse = 4096, rate_limit = 0;
-    int num_co = 8;
-    struct bi_optlist opts, sn_opts;
-    const char *snapshot_name = NULL;
-    bool have_sn_opts = false;
-    char **optv = NULL;
-    bi_node **src = NULL;
-    bi_node *dst = NULL;
-    int n_src = 0, ret = 1;
-    uint64_t total = 0;
-    struct bi_progress prog;
-    bool prog_started = false;
+    int c, r;
+
+    memset(a, 0, sizeof(*a));
+    a->cache = "unsafe";
+    a->src_cache = "writeback";
+    a->min_sparse = 4096;
+    a->num_co = 8;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":hf:O:B:CcF:o:l:S:pt:T:qnm:WUr:",
+                            long_opts, NULL)) != -1) {
+        if ((r = parse_option(a, c, argv)) != 0) {
+            return r > 0 ? 0 : 1;
+        }
+    }
+    if (!a->out_fmt && !a->tgt_image_opts) {
+        a->out_fmt = IMG_DEFAULT_FORMAT;
+    }
+    if (a->quiet) {
+        a->pmode = BI_PROGRESS_NONE;
+    }
+    if (check_args(a) < 0) {
+        return 1;
+    }
+    a->n_src = argc - optind - 1;
+    a->src_names = argv + optind;
+    a->out_filename = a->n_src >= 1 ? argv[argc - 1] : NULL;
+    for (int i = 0; i < a->opts.n; i++) {
+        if (!a->opts.v[i].value && (!strcmp(a->opts.v[i].key, "help") ||
+                                    !strcmp(a->opts.v[i].key, "?"))) {
+            if (!a->out_fmt) {
+                cv_err("Option help requires a format be specified");
+                return 1;
+            }
+            return img_print_create_help(a->out_filename, a->out_fmt);
+        }
+    }
+    if (a->n_src < 1) {
+        cv_err("Must specify image file name");
+        return 1;
+    }
+    return -1;
+}
+
+/* Opens every source (r->src, r->total). 0 or -1 (message printed). */
+static int open_sources(struct cv_run *r)
+{
+    const struct cv_args *a = r->a;
+    r->src = bi_xzalloc(sizeof(*r->src) * (size_t)a->n_src);
+    for (int i = 0; i < a->n_src; i++) {
+        r->src[i] = cv_open(a->src_names[i], a->fmt, a->image_opts, r->scache,
+                            false, a->force_share, true);
+        if (!r->src[i]) {
+            return -1;
+        }
+        int64_t len = bi_getlength(r->src[i]);
+        if (len < 0) {
+            cv_err("Could not get size of %s: %s", a->src_names[i],
+                   strerror((int)-len));
+            return -1;
+        }
+        r->total += (uint64_t)len;
+    }
+    return 0;
+}
+
+/* -l: the single source reads the snapshot. 0 or -1 (message printed). */
+static int load_snapshot(struct cv_run *r)
+{
+    const struct cv_args *a = r->a;
+    bi_error serr;
+    int ret;
+
+    if (!a->have_sn_opts && !a->snapshot_name) {
+        return 0;
+    }
+    if (a->n_src > 1) {
+        cv_err("No support for concatenating multiple snapshot");
+        return -1;
+    }
+    bi_error_init(&serr);
+    if (a->have_sn_opts) {
+        ret = bi_snapshot_load_tmp(
+            r->src[0], bi_optlist_get(&a->sn_opts, "snapshot.id"),
+            bi_optlist_get(&a->sn_opts, "snapshot.name"), &serr);
+    } else {
+        /* an id first, then a name (bdrv_snapshot_load_tmp_by_id_or_name) */
+        ret = bi_snapshot_load_tmp(r->src[0], a->snapshot_name, NULL, &serr);
+        if (ret == -ENOENT) {
+            bi_error_init(&serr);
+            ret =
+                bi_snapshot_load_tmp(r->src[0], NULL, a->snapshot_name, &serr);
+        }
+    }
+    if (ret < 0) {
+        cv_err("Failed to load snapshot: %s", serr.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* What the target's format must offer for -o, -B, -c and --bitmaps, as
+ * qemu-img checks it before creating anything. 0 or -1. */
+static int check_target(struct cv_run *r)
+{
+    struct cv_args *a = r->a;
+    if (a->out_fmt && bi_format_exists(a->out_fmt) < 0) {
+        cv_err("Unknown file format '%s'", a->out_fmt);
+        return -1;
+    }
+    r->optv = cv_optlist_strv(&a->opts);
+    if (!a->skip_create) {
+        for (int i = 0; i < a->opts.n; i++) {
+            if (!bi_create_opt_find(a->out_fmt, a->opts.v[i].key)) {
+                cv_err("Invalid parameter '%s'", a->opts.v[i].key);
+                return -1;
+            }
+        }
+        if (a->out_baseimg &&
+            !(bi_format_caps(a->out_fmt) & BI_FORMAT_BACKING)) {
+            cv_err("Backing file not supported for file format '%s'",
+                   a->out_fmt);
+            return -1;
+        }
+        const char *bf = bi_optlist_get(&a->opts, "backing_file");
+        if (bf) {
+            a->out_baseimg = bf;
+        }
+        const char *bfmt = bi_optlist_get(&a->opts, "backing_fmt");
+        if (bfmt && !a->backing_fmt) {
+            a->backing_fmt = bfmt;
+        }
+        r->prealloc_opt = bi_optlist_get(&a->opts, "preallocation");
+    }
+    if (a->n_src > 1 && a->out_baseimg) {
+        cv_err("Having a backing file for the target makes no sense when "
+               "concatenating multiple input images");
+        return -1;
+    }
+    if (a->out_baseimg && !a->backing_fmt) {
+        cv_err("Use of backing file requires explicit backing format");
+        return -1;
+    }
+    if (a->compress && a->out_fmt &&
+        !(bi_format_caps(a->out_fmt) & BI_FORMAT_COMPRESS)) {
+        cv_err("Compression not supported for this file format");
+        return -1;
+    }
+    if (a->compress && r->prealloc_opt && strcmp(r->prealloc_opt, "off")) {
+        cv_err("Compression and preallocation not supported at the "
+               "same time");
+        return -1;
+    }
+    if (a->bitmaps && a->n_src > 1) {
+        cv_err("Copying bitmaps only possible with single source");
+        return -1;
+    }
+    return a->bitmaps && cv_check_bitmaps(r->src[0], a->skip_broken) < 0 ? -1
+                                                                         : 0;
+}
+
+/* Creates the target (unless -n) with the sources' total size. 0 or -1. */
+static int create_target(struct cv_run *r)
+{
+    const struct cv_args *a = r->a;
+    struct bi_create_opts co;
     bi_error err;
-    int c;
+
+    memset(&co, 0, sizeof(co));
+    co.format = a->out_fmt;
+    co.size = r->total;
+    co.size_set = true;
+    co.options = (const char *const *)r->optv;
+    co.backing_file = a->out_baseimg;
+    co.backing_fmt = a->backing_fmt;
+    if (a->backing_fmt && !a->out_baseimg) {
+        cv_err("%s: error while converting %s: Backing format cannot be "
+               "used without backing file",
+               a->out_filename, a->out_fmt);
+        return -1;
+    }
+    /* -o size= is overridden by the sources' size, as in qemu-img */
+    for (char **p = r->optv; *p; p++) {
+        if (!strncmp(*p, "size=", 5) || !strcmp(*p, "size")) {
+            free(*p);
+            *p = bi_xasprintf("size=%" PRIu64, r->total);
+        }
+    }
+    if (cv_is_source_file(r->src, a->n_src, a->out_filename)) {
+        cv_err("%s: error while converting %s: Failed to get \"write\" "
+               "lock\nIs another process using the image [%s]?",
+               a->out_filename, a->out_fmt, a->out_filename);
+        return -1;
+    }
+    bi_error_init(&err);
+    if (bi_create(a->out_filename, &co, &err) < 0) {
+        cv_err("%s: error while converting %s: %s", a->out_filename, a->out_fmt,
+               strip_file_prefix(err.msg, a->out_filename));
+        return -1;
+    }
+    return 0;
+}
+
+/* Opens the target read-write (r->dst) and checks it can take the copy.
+ * 0 or -1 (message printed). */
+static int open_target(struct cv_run *r)
+{
+    const struct cv_args *a = r->a;
+    if (bi_cache_parse(a->cache, &r->tcache) < 0) {
+        cv_err("Invalid cache option: %s", a->cache);
+        return -1;
+    }
+    if (a->skip_create && !a->tgt_image_opts &&
+        cv_is_source_file(r->src, a->n_src, a->out_filename)) {
+        cv_err("Could not open '%s': Failed to get \"write\" lock\nIs another "
+               "process using the image [%s]?",
+               a->out_filename, a->out_filename);
+        return -1;
+    }
+    r->dst = cv_open(a->out_filename, a->out_fmt, a->tgt_image_opts, r->tcache,
+                     true, false, true);
+    if (!r->dst) {
+        return -1;
+    }
+    const char *dfmt = bi_node_format(r->dst);
+    if (a->bitmaps && !bi_bitmap_supported(r->dst)) {
+        cv_err("Format driver '%s' does not support bitmaps", dfmt);
+        return -1;
+    }
+    if (a->skip_create) {
+        int64_t olen = bi_getlength(r->dst);
+        if (olen < 0) {
+            cv_err("unable to get output image length: %s",
+                   strerror((int)-olen));
+            return -1;
+        }
+        if ((uint64_t)olen < r->total) {
+            cv_err("output file is smaller than input file");
+            return -1;
+        }
+    }
+    if (a->compress && !(bi_format_caps(dfmt) & BI_FORMAT_COMPRESS)) {
+        cv_err("Compression not supported for this file format");
+        return -1;
+    }
+    return 0;
+}
+
+/* The copy engine's options for this run. */
+static void copy_options(struct cv_run *r, struct bi_convert_opts *o)
+{
+    const struct cv_args *a = r->a;
+    bool target_has_backing = a->out_baseimg != NULL;
+
+    bi_convert_opts_init(o);
+    o->src = r->src;
+    o->n_src = a->n_src;
+    o->dst = r->dst;
+    o->compress = a->compress;
+    o->min_sparse = a->min_sparse;
+    o->num_coroutines = a->num_co;
+    o->out_of_order = a->out_of_order;
+    o->copy_range = a->copy_range;
+    o->rate_limit = a->rate_limit;
+    o->target_has_backing = target_has_backing;
+    if (target_has_backing && bi_node_backing(r->dst)) {
+        o->target_backing_size = bi_getlength(bi_node_backing(r->dst));
+    }
+    o->target_is_zero = a->target_is_zero;
+    if (!a->skip_create && a->min_sparse && !target_has_backing) {
+        struct bi_storage_info si;
+        memset(&si, 0, sizeof(si));
+        bi_node *f = bi_node_file(r->dst);
+        bool blockdev = f && bi_storage_info(f, &si) == 0 && si.is_block_device;
+        o->target_is_zero = !blockdev;
+    }
+    /* The engine flushes unless the cache mode ignores flushes anyway
+     * (bi_close flushes too). */
+    o->flush = r->tcache != BI_CACHE_UNSAFE;
+    if (a->pmode != BI_PROGRESS_NONE) {
+        o->progress = bi_progress_convert_cb;
+        o->progress_opaque = &r->prog;
+    }
+    o->cancel = &cv_cancel;
+}
+
+/* Runs the copy (SIGINT and SIGTERM stop it cleanly), then --bitmaps. 0
+ * or -1 (message printed). */
+static int run_copy(struct cv_run *r)
+{
+    const struct cv_args *a = r->a;
+    struct bi_convert_opts o;
+    struct sigaction sa, old_int, old_term;
+    bi_error err;
+
+    copy_options(r, &o);
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+    bi_error_init(&err);
+    int ret = bi_convert(&o, &err);
+    sigaction(SIGINT, &old_int, NULL);
+    sigaction(SIGTERM, &old_term, NULL);
+    if (ret == -ECANCELED) {
+        if (r->prog_started && a->pmode != BI_PROGRESS_NONE) {
+            bi_progress_end(&r->prog);
+            r->prog_started = false;
+        }
+        cv_err("Interrupted by %s: '%s' is incomplete (%s)",
+               cv_signal == SIGTERM ? "SIGTERM" : "SIGINT", a->out_filename,
+               err.msg);
+        return -1;
+    }
+    if (ret < 0) {
+        cv_err("%s", err.msg);
+        return -1;
+    }
+    if (a->bitmaps && cv_copy_bitmaps(r->src[0], r->dst, a->skip_broken) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+/* The phases after the command line: sources, target checks, creation,
+ * target, copy. 0 or -1 (message printed). */
+static int convert_images(struct cv_run *r)
+{
+    if (open_sources(r) < 0 || load_snapshot(r) < 0 || check_target(r) < 0) {
+        return -1;
+    }
+    if (!r->a->skip_create && create_target(r) < 0) {
+        return -1;
+    }
+    return open_target(r) < 0 || run_copy(r) < 0 ? -1 : 0;
+}
+
+/* Closes the target (its close error counts when all else went well) and
+ * the sources, ends the progress output; returns the exit status. */
+static int finish(struct cv_run *r, int ret)
+{
+    bi_error err;
+    if (r->dst) {
+        bi_error_init(&err);
+        if (bi_close(r->dst, &err) < 0 && ret == 0) {
+            cv_err("%s", err.msg[0] ? err.msg : "Could not close target");
+            ret = 1;
+        }
+    }
+    for (int i = 0; r->src && i < r->a->n_src; i++) {
+        if (r->src[i]) {
+            bi_close(r->src[i], NULL);
+        }
+    }
+    free(r->src);
+    if (r->prog_started) {
+        if (ret == 0) {
+            bi_progress_print(&r->prog, 100, 0);
+        }
+        bi_progress_end(&r->prog);
+    }
+    return ret;
+}
+
+int img_convert(int argc, char **argv)
+{
+    struct cv_args a;
+    struct cv_run r;
+    int ret;
 
     /* Buffers come and go per cluster (compression state, bounce and
      * compressed-data buffers on worker threads): keep freed memory instead
@@ -330,482 +889,22 @@ int img_convert(int argc, char **argv)
     mallopt(M_TRIM_THRESHOLD, 64 * 1024 * 1024);
     mallopt(M_MMAP_THRESHOLD, 16 * 1024 * 1024);
 
-    memset(&opts, 0, sizeof(opts));
-    memset(&sn_opts, 0, sizeof(sn_opts));
-    optind = 1;
-    opterr = 0;
-    for (;;) {
-        c = getopt_long(argc, argv,
-                        ":hf:O:B:CcF:o:l:S:pt:T:qnm:WUr:", long_opts, NULL);
-        if (c == -1) {
-            break;
-        }
-        switch (c) {
-        case ':':
-        case '?':
-            cv_getopt_error(argv, c);
-            goto out_noprog;
-        case 'h':
-            printf("usage: %s convert [--object objectdef] [--image-opts] "
-                   "[--target-image-opts] [--target-is-zero] [-U] [-C] "
-                   "[-c] [-p] [-q] [-n] [-f fmt] [-t cache] [-T src_cache] "
-                   "[-O output_fmt] [-B backing_file [-F backing_fmt]] "
-                   "[-o options] [-S sparse_size] [-m num_coroutines] [-W] "
-                   "[--progress=qemu|bar|json] filename [filename2 [...]] "
-                   "output_filename\n",
-                   program_invocation_short_name);
-            ret = 0;
-            goto out_noprog;
-        case 'f':
-            fmt = optarg;
-            break;
-        case 'O':
-            out_fmt = optarg;
-            break;
-        case 'B':
-            out_baseimg = optarg;
-            break;
-        case 'C':
-            copy_range = true;
-            break;
-        case 'c':
-            compress = true;
-            break;
-        case 'F':
-            backing_fmt = optarg;
-            break;
-        case 'o':
-            if (bi_optlist_parse(&opts, optarg) < 0) {
-                cv_err("Invalid option list: %s", optarg);
-                goto out_noprog;
-            }
-            break;
-        case 'l':
-            /* "snapshot.id=ID,snapshot.name=NAME", or an id or name */
-            bi_optlist_free(&sn_opts);
-            snapshot_name = NULL;
-            if (!strncmp(optarg, "snapshot.", 9)) {
-                bool bad = bi_optlist_parse(&sn_opts, optarg) < 0;
-                for (int i = 0; !bad && i < sn_opts.n; i++) {
-                    const char *k = sn_opts.v[i].key;
-                    if (strcmp(k, "snapshot.id") &&
-                        strcmp(k, "snapshot.name")) {
-                        cv_err("Invalid parameter '%s'", k);
-                        bad = true;
-                    } else if (!sn_opts.v[i].value) {
-                        cv_err("warning: short-form boolean option '%s' "
-                               "deprecated",
-                               k);
-                        fprintf(stderr, "Please use %s=on instead\n", k);
-                    }
-                }
-                if (bad) {
-                    cv_err("Failed in parsing snapshot param '%s'", optarg);
-                    goto out_noprog;
-                }
-                have_sn_opts = true;
-            } else {
-                snapshot_name = optarg;
-            }
-            break;
-        case 'S': {
-            uint64_t v;
-            if (bi_parse_size(optarg, &v) < 0 || v % 512 ||
-                v > 16ULL * 1024 * 1024) {
-                cv_err("Invalid buffer size for sparse output specified. "
-                       "Valid sizes are multiples of 512 up to 16777216. "
-                       "Select 0 to disable sparse detection (fully "
-                       "allocates output).");
-                goto out_noprog;
-            }
-            min_sparse = v;
-            explicit_min_sparse = true;
-            break;
-        }
-        case 'p':
-            pmode = BI_PROGRESS_QEMU;
-            break;
-        case OPT_PROGRESS:
-            if (!optarg) {
-                pmode = BI_PROGRESS_QEMU;
-            } else if (bi_progress_parse(optarg, &pmode) < 0) {
-                cv_err("Invalid progress mode '%s' (use qemu, bar or json)",
-                       optarg);
-                goto out_noprog;
-            }
-            break;
-        case 't':
-            cache = optarg;
-            break;
-        case 'T':
-            src_cache = optarg;
-            break;
-        case 'q':
-            quiet = true;
-            break;
-        case 'n':
-            skip_create = true;
-            break;
-        case 'm': {
-            char *end;
-            long v = strtol(optarg, &end, 10);
-            if (!*optarg || *end || v < 1 || v > 16) {
-                cv_err("Invalid number of coroutines. Allowed number of "
-                       "coroutines is between 1 and 16");
-                goto out_noprog;
-            }
-            num_co = (int)v;
-            break;
-        }
-        case 'W':
-            out_of_order = true;
-            break;
-        case 'r':
-            if (cv_parse_rate(optarg, &rate_limit) < 0) {
-                goto out_noprog;
-            }
-            break;
-        case 'U':
-            force_share = true;
-            break;
-        case OPT_IMAGE_OPTS:
-            image_opts = true;
-            break;
-        case OPT_TARGET_IMAGE_OPTS:
-            tgt_image_opts = true;
-            break;
-        case OPT_TARGET_IS_ZERO:
-            target_is_zero = true;
-            break;
-        case OPT_BITMAPS:
-            bitmaps = true;
-            break;
-        case OPT_SKIP_BROKEN:
-            skip_broken = true;
-            break;
-        }
-    }
-
-    if (!out_fmt && !tgt_image_opts) {
-        out_fmt = IMG_DEFAULT_FORMAT;
-    }
-    if (skip_broken && !bitmaps) {
-        cv_err("Use of --skip-broken-bitmaps requires --bitmaps");
-        goto out_noprog;
-    }
-    if (quiet) {
-        pmode = BI_PROGRESS_NONE;
-    }
-    if (compress && copy_range) {
-        cv_err("Cannot enable copy offloading when -c is used");
-        goto out_noprog;
-    }
-    if (explicit_min_sparse && copy_range) {
-        cv_err("Cannot enable copy offloading when -S is used");
-        goto out_noprog;
-    }
-    if (skip_create && opts.n) {
-        cv_err("-o has no effect when skipping image creation");
-        goto out_noprog;
-    }
-    if (target_is_zero && !skip_create) {
-        cv_err("--target-is-zero requires use of -n flag");
-        goto out_noprog;
-    }
-    if (tgt_image_opts && !skip_create) {
-        cv_err("--target-image-opts requires use of -n flag");
-        goto out_noprog;
-    }
-    n_src = argc - optind - 1;
-    const char *out_filename = n_src >= 1 ? argv[argc - 1] : NULL;
-    for (int i = 0; i < opts.n; i++) {
-        if (!opts.v[i].value &&
-            (!strcmp(opts.v[i].key, "help") || !strcmp(opts.v[i].key, "?"))) {
-            if (!out_fmt) {
-                cv_err("Option help requires a format be specified");
-                goto out_noprog;
-            }
-            ret = img_print_create_help(out_filename, out_fmt);
-            goto out_noprog;
-        }
-    }
-    if (n_src < 1) {
-        cv_err("Must specify image file name");
-        goto out_noprog;
-    }
-    if (bi_cache_parse(src_cache, &scache) < 0) {
-        cv_err("Invalid source cache option: %s", src_cache);
-        goto out_noprog;
-    }
-
-    bi_progress_init(&prog, pmode, 1.0f, "convert");
-    prog_started = true;
-    bi_progress_print(&prog, 0, 100);
-
-    src = bi_xzalloc(sizeof(*src) * (size_t)n_src);
-    for (int i = 0; i < n_src; i++) {
-        src[i] = cv_open(argv[optind + i], fmt, image_opts, scache, false,
-                         force_share, true);
-        if (!src[i]) {
-            goto out;
-        }
-        int64_t len = bi_getlength(src[i]);
-        if (len < 0) {
-            cv_err("Could not get size of %s: %s", argv[optind + i],
-                   strerror((int)-len));
-            goto out;
-        }
-        total += (uint64_t)len;
-    }
-
-    if (n_src > 1 && (have_sn_opts || snapshot_name)) {
-        cv_err("No support for concatenating multiple snapshot");
-        goto out;
-    }
-    if (have_sn_opts || snapshot_name) {
-        bi_error serr;
-        int r;
-        bi_error_init(&serr);
-        if (have_sn_opts) {
-            r = bi_snapshot_load_tmp(
-                src[0], bi_optlist_get(&sn_opts, "snapshot.id"),
-                bi_optlist_get(&sn_opts, "snapshot.name"), &serr);
-        } else {
-            /* an id first, then a name (bdrv_snapshot_load_tmp_by_id_or_name)
-             */
-            r = bi_snapshot_load_tmp(src[0], snapshot_name, NULL, &serr);
-            if (r == -ENOENT) {
-                bi_error_init(&serr);
-                r = bi_snapshot_load_tmp(src[0], NULL, snapshot_name, &serr);
-            }
-        }
-        if (r < 0) {
-            cv_err("Failed to load snapshot: %s", serr.msg);
-            goto out;
-        }
-    }
-
-    if (out_fmt && bi_format_exists(out_fmt) < 0) {
-        cv_err("Unknown file format '%s'", out_fmt);
-        goto out;
-    }
-
-    optv = cv_optlist_strv(&opts);
-    const char *prealloc_opt = NULL;
-    if (!skip_create) {
-        for (int i = 0; i < opts.n; i++) {
-            if (!bi_create_opt_find(out_fmt, opts.v[i].key)) {
-                cv_err("Invalid parameter '%s'", opts.v[i].key);
-                goto out;
-            }
-        }
-        if (out_baseimg && !(bi_format_caps(out_fmt) & BI_FORMAT_BACKING)) {
-            cv_err("Backing file not supported for file format '%s'", out_fmt);
-            goto out;
-        }
-        const char *bf = bi_optlist_get(&opts, "backing_file");
-        if (bf) {
-            out_baseimg = bf;
-        }
-        const char *bfmt = bi_optlist_get(&opts, "backing_fmt");
-        if (bfmt && !backing_fmt) {
-            backing_fmt = bfmt;
-        }
-        prealloc_opt = bi_optlist_get(&opts, "preallocation");
-    }
-    bool target_has_backing = out_baseimg != NULL;
-    if (n_src > 1 && out_baseimg) {
-        cv_err("Having a backing file for the target makes no sense when "
-               "concatenating multiple input images");
-        goto out;
-    }
-    if (out_baseimg && !backing_fmt) {
-        cv_err("Use of backing file requires explicit backing format");
-        goto out;
-    }
-    if (compress) {
-        if (out_fmt && !(bi_format_caps(out_fmt) & BI_FORMAT_COMPRESS)) {
-            cv_err("Compression not supported for this file format");
-            goto out;
-        }
-        if (prealloc_opt && strcmp(prealloc_opt, "off")) {
-            cv_err("Compression and preallocation not supported at the "
-                   "same time");
-            goto out;
-        }
-    }
-
-    if (bitmaps) {
-        if (n_src > 1) {
-            cv_err("Copying bitmaps only possible with single source");
-            goto out;
-        }
-        if (cv_check_bitmaps(src[0], skip_broken) < 0) {
-            goto out;
-        }
-    }
-
-    if (!skip_create) {
-        struct bi_create_opts co;
-        memset(&co, 0, sizeof(co));
-        co.format = out_fmt;
-        co.size = total;
-        co.size_set = true;
-        co.options = (const char *const *)optv;
-        co.backing_file = out_baseimg;
-        co.backing_fmt = backing_fmt;
-        if (backing_fmt && !out_baseimg) {
-            cv_err("%s: error while converting %s: Backing format cannot be "
-                   "used without backing file",
-                   out_filename, out_fmt);
-            goto out;
-        }
-        /* -o size= is overridden by the sources' size, as in qemu-img */
-        for (char **p = optv; *p; p++) {
-            if (!strncmp(*p, "size=", 5) || !strcmp(*p, "size")) {
-                free(*p);
-                *p = bi_xasprintf("size=%" PRIu64, total);
-            }
-        }
-        if (cv_is_source_file(src, n_src, out_filename)) {
-            cv_err("%s: error while converting %s: Failed to get \"write\" "
-                   "lock\nIs another process using the image [%s]?",
-                   out_filename, out_fmt, out_filename);
-            goto out;
-        }
-        bi_error_init(&err);
-        if (bi_create(out_filename, &co, &err) < 0) {
-            cv_err("%s: error while converting %s: %s", out_filename, out_fmt,
-                   strip_file_prefix(err.msg, out_filename));
-            goto out;
-        }
-    }
-
-    if (bi_cache_parse(cache, &tcache) < 0) {
-        cv_err("Invalid cache option: %s", cache);
-        goto out;
-    }
-    if (skip_create && !tgt_image_opts &&
-        cv_is_source_file(src, n_src, out_filename)) {
-        cv_err("Could not open '%s': Failed to get \"write\" lock\nIs another "
-               "process using the image [%s]?",
-               out_filename, out_filename);
-        goto out;
-    }
-    dst = cv_open(out_filename, out_fmt, tgt_image_opts, tcache, true, false,
-                  true);
-    if (!dst) {
-        goto out;
-    }
-    if (bitmaps && !bi_bitmap_supported(dst)) {
-        cv_err("Format driver '%s' does not support bitmaps",
-               bi_node_format(dst));
-        goto out;
-    }
-    if (skip_create) {
-        int64_t olen = bi_getlength(dst);
-        if (olen < 0) {
-            cv_err("unable to get output image length: %s",
-                   strerror((int)-olen));
-            goto out;
-        }
-        if ((uint64_t)olen < total) {
-            cv_err("output file is smaller than input file");
-            goto out;
-        }
-    }
-    if (compress &&
-        !(bi_format_caps(bi_node_format(dst)) & BI_FORMAT_COMPRESS)) {
-        cv_err("Compression not supported for this file format");
-        goto out;
-    }
-
-    struct bi_convert_opts o;
-    bi_convert_opts_init(&o);
-    o.src = src;
-    o.n_src = n_src;
-    o.dst = dst;
-    o.compress = compress;
-    o.min_sparse = min_sparse;
-    o.num_coroutines = num_co;
-    o.out_of_order = out_of_order;
-    o.copy_range = copy_range;
-    o.rate_limit = rate_limit;
-    o.target_has_backing = target_has_backing;
-    if (target_has_backing && bi_node_backing(dst)) {
-        o.target_backing_size = bi_getlength(bi_node_backing(dst));
-    }
-    o.target_is_zero = target_is_zero;
-    if (!skip_create && min_sparse && !target_has_backing) {
-        struct bi_storage_info si;
-        memset(&si, 0, sizeof(si));
-        bi_node *f = bi_node_file(dst);
-        bool blockdev = f && bi_storage_info(f, &si) == 0 && si.is_block_device;
-        o.target_is_zero = !blockdev;
-    }
-    /* The engine flushes unless the cache mode ignores flushes anyway
-     * (bi_close flushes too). */
-    o.flush = tcache != BI_CACHE_UNSAFE;
-    if (pmode != BI_PROGRESS_NONE) {
-        o.progress = bi_progress_convert_cb;
-        o.progress_opaque = &prog;
-    }
-    o.cancel = &cv_cancel;
-
-    struct sigaction sa, old_int, old_term;
-    memset(&sa, 0, sizeof(sa));
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-
-    bi_error_init(&err);
-    int r = bi_convert(&o, &err);
-
-    sigaction(SIGINT, &old_int, NULL);
-    sigaction(SIGTERM, &old_term, NULL);
-    if (r == -ECANCELED) {
-        if (prog_started && pmode != BI_PROGRESS_NONE) {
-            bi_progress_end(&prog);
-            prog_started = false;
-        }
-        cv_err("Interrupted by %s: '%s' is incomplete (%s)",
-               cv_signal == SIGTERM ? "SIGTERM" : "SIGINT", out_filename,
-               err.msg);
-        goto out;
-    }
-    if (r < 0) {
-        cv_err("%s", err.msg);
-        goto out;
-    }
-    if (bitmaps && cv_copy_bitmaps(src[0], dst, skip_broken) < 0) {
-        goto out;
-    }
-    ret = 0;
-
-out:
-    if (dst) {
-        bi_error_init(&err);
-        if (bi_close(dst, &err) < 0 && ret == 0) {
-            cv_err("%s", err.msg[0] ? err.msg : "Could not close target");
+    memset(&r, 0, sizeof(r));
+    r.a = &a;
+    ret = parse_args(argc, argv, &a);
+    if (ret < 0) {
+        if (bi_cache_parse(a.src_cache, &r.scache) < 0) {
+            cv_err("Invalid source cache option: %s", a.src_cache);
             ret = 1;
+        } else {
+            bi_progress_init(&r.prog, a.pmode, 1.0f, "convert");
+            r.prog_started = true;
+            bi_progress_print(&r.prog, 0, 100);
+            ret = finish(&r, convert_images(&r) < 0 ? 1 : 0);
         }
     }
-    for (int i = 0; src && i < n_src; i++) {
-        if (src[i]) {
-            bi_close(src[i], NULL);
-        }
-    }
-    free(src);
-    if (prog_started) {
-        if (ret == 0) {
-            bi_progress_print(&prog, 100, 0);
-        }
-        bi_progress_end(&prog);
-    }
-out_noprog:
-    cv_free_strv(optv);
-    bi_optlist_free(&opts);
-    bi_optlist_free(&sn_opts);
+    cv_free_strv(r.optv);
+    bi_optlist_free(&a.opts);
+    bi_optlist_free(&a.sn_opts);
     return ret;
 }
