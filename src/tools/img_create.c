@@ -344,7 +344,8 @@ int img_create(int argc, char **argv)
     bi_error err;
     bi_error_init(&err);
 
-    if (!(bi_format_caps(fmt) & BI_FORMAT_CREATE)) {
+    if (bi_format_exists(fmt) < 0 ||
+        !(bi_format_caps(fmt) & BI_FORMAT_CREATE)) {
         tool_error("%s: Unknown file format '%s'", filename, fmt);
         goto out;
     }
