@@ -83,6 +83,10 @@ struct bi_open_opts {
     bool no_backing;  /* do not open backing files */
     bool no_lock;     /* take no image locks at all (locking=off) */
     bool quiet_probe; /* do not print the raw-probe warning */
+    /* The image was named by image options (--image-opts), not by a file
+     * name: format probing does not see the name, as in QEMU (where it
+     * matters for dmg, recognised by its name alone). */
+    bool named_by_options;
     /* Metadata only (like QEMU's no-I/O opens for info): an image whose
      * data cannot be read here (encrypted) still opens; its data I/O
      * fails. */
@@ -266,9 +270,18 @@ struct bi_create_opts {
 /* Prints "Formatting 'f', fmt=... " unless quiet, as qemu-img does. */
 BI_EXPORT int bi_create(const char *filename, const struct bi_create_opts *o,
                         bi_error *err);
-/* The option list qemu-img prints for "-o help" / in the Formatting line,
- * per format: returns 0 or -ENOENT for an unknown format. */
+/* Whether blkimg knows the image format by that name: 0, or -ENOENT.
+ * Known formats include those it only recognises (see bi_format_caps). */
 BI_EXPORT int bi_format_exists(const char *format);
+/* What blkimg can do with a driver (format or protocol), as flags. A
+ * format that has neither is recognised by probing, and refused. */
+enum { BI_FORMAT_OPEN = 1 << 0, BI_FORMAT_CREATE = 1 << 1 };
+/* The BI_FORMAT_* flags of the driver named name, or -ENOENT. */
+BI_EXPORT int bi_format_caps(const char *name);
+/* Names of the drivers having all the BI_FORMAT_* flags in caps, sorted
+ * by name: stores up to max of them in names (static strings) and
+ * returns how many there are. */
+BI_EXPORT size_t bi_format_names(unsigned caps, const char **names, size_t max);
 /* Whether key is a creation option (-o) of format ("raw", "qcow2"). */
 BI_EXPORT bool bi_create_option_known(const char *format, const char *key);
 
