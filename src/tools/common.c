@@ -444,6 +444,7 @@ bi_node *tool_open(struct tool_image *ti)
     o.no_backing = ti->no_backing;
     o.quiet_probe = ti->quiet_probe;
     o.metadata_only = ti->metadata_only;
+    o.named_by_options = ti->image_opts;
 
     if (ti->image_opts) {
         char msg[1024];

@@ -192,6 +192,7 @@ bi_node *cv_open_opts(const char *filename, const char *fmt, bool image_opts,
     bi_node *n;
 
     o->format = fmt;
+    o->named_by_options = image_opts;
     if (image_opts) {
         if (fmt) {
             cv_err("--image-opts and --format are mutually exclusive");
@@ -591,6 +592,11 @@ int img_convert(int argc, char **argv)
 
     if (out_fmt && bi_format_exists(out_fmt) < 0) {
         cv_err("Unknown file format '%s'", out_fmt);
+        goto out;
+    }
+    if (out_fmt && !skip_create &&
+        !(bi_format_caps(out_fmt) & BI_FORMAT_CREATE)) {
+        cv_err("Format driver '%s' does not support image creation", out_fmt);
         goto out;
     }
 

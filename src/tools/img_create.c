@@ -72,6 +72,20 @@ static int cmp_desc(const void *a, const void *b)
     return strcmp((*x)->name, (*y)->name);
 }
 
+/* A format blkimg knows (it may only recognise it) but cannot create:
+ * prints qemu-img's refusal (after "filename: " if filename) and returns
+ * true. False for any other name. */
+static bool cannot_create(const char *filename, const char *fmt)
+{
+    int caps = bi_format_caps(fmt);
+    if (bi_format_exists(fmt) < 0 || (caps & BI_FORMAT_CREATE)) {
+        return false;
+    }
+    tool_error("%s%sFormat driver '%s' does not support image creation",
+               filename ? filename : "", filename ? ": " : "", fmt);
+    return true;
+}
+
 /* qemu-img's print_block_option_help(): the format's options, merged with
  * the protocol's when a filename is given (first definition wins), sorted
  * by name. */
@@ -87,8 +101,10 @@ int img_print_create_help(const char *filename, const char *fmt)
         lists[0] = qcow2_opts;
     } else if (!strcmp(fmt, "file")) {
         lists[0] = file_opts;
-    } else {
+    } else if (!cannot_create(NULL, fmt)) {
         tool_error("Unknown file format '%s'", fmt);
+        return 1;
+    } else {
         return 1;
     }
     if (filename) {
@@ -421,6 +437,9 @@ int img_create(int argc, char **argv)
     bi_error err;
     bi_error_init(&err);
 
+    if (cannot_create(filename, fmt)) {
+        goto out;
+    }
     if (bi_format_exists(fmt) < 0 || !format_opts(fmt)) {
         tool_error("%s: Unknown file format '%s'", filename, fmt);
         goto out;
