@@ -23,6 +23,7 @@ The stored list is the library's ABI on record: a test compares it with
 the built library, so that no symbol appears or disappears unnoticed.
 """
 import argparse
+import os
 import re
 import subprocess
 import sys
@@ -45,6 +46,24 @@ def header_exports(paths):
         with open(p, encoding="utf-8") as f:
             names.update(_EXPORT.findall(_strip_comments(f.read())))
     return sorted(names)
+
+
+def header_prototypes(paths):
+    """{function: (header file name, declaration)} for the BI_EXPORT
+    functions of the headers; the declaration without BI_EXPORT and
+    attributes, on one line, e.g. "int bi_flush(bi_node *n);"."""
+    protos = {}
+    for p in paths:
+        with open(p, encoding="utf-8") as f:
+            text = _strip_comments(f.read())
+        for m in _EXPORT.finditer(text):
+            end = text.index(";", m.end())
+            decl = text[m.start() + len("BI_EXPORT"):end]
+            decl = re.sub(r"__attribute__\s*\(\((?:[^()]|\([^()]*\))*\)\)",
+                          "", decl)
+            decl = " ".join(decl.split()).replace("( ", "(")
+            protos[m.group(1)] = (os.path.basename(p), decl + ";")
+    return protos
 
 
 def version_script(names, node):
