@@ -8,7 +8,8 @@
 #   make check        install missing packages, build build/ and build-asan/,
 #                     run every test on both, check formatting; the last
 #                     line printed is "N passed, N failed"
-#   make bench        build, then run the benchmarks (bench/run.sh)
+#   make bench        build, then run the benchmarks (bench/run.sh); the
+#                     report, results and charts go to build/bench-results/
 #   make install      meson install (PREFIX=/usr/local, DESTDIR honoured):
 #                     tools, library, headers, pkg-config file, man pages,
 #                     bash completion
