@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "..", "scripts"))
 import libsymbols  # noqa: E402
 
-WIDTH = 76
+WIDTH = 68  # + the page margin and the block indent: 80 columns
 
 
 def name_line_functions(text):
