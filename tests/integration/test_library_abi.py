@@ -152,3 +152,13 @@ def test_example_builds_with_pkg_config_against_installed_copy(
     cp = run(exe, tmp_path / "missing.img", env={"LD_LIBRARY_PATH": libdir})
     assert cp.returncode == 1
     assert "missing.img" in cp.stderr and "No such file" in cp.stderr
+
+
+def test_debian_version_is_the_project_version(build_dir):
+    """debian/changelog's version (a native package) is meson.build's."""
+    with open(os.path.join(str(build_dir), "meson-info",
+                           "intro-projectinfo.json")) as f:
+        version = json.load(f)["version"]
+    with open(os.path.join(REPO, "debian", "changelog")) as f:
+        first = f.readline()
+    assert first.startswith("blkimg (%s) " % version), (first, version)
