@@ -8,8 +8,13 @@
 #   make check        install missing packages, build build/ and build-asan/,
 #                     run every test on both, check formatting; the last
 #                     line printed is "N passed, N failed"
-#   make bench        build, then run the benchmarks (bench/run.sh)
-#   make install      meson install (PREFIX=/usr/local, DESTDIR honoured)
+#   make bench        build, then run the benchmarks (bench/run.sh); the
+#                     report, results and charts go to build/bench-results/
+#   make install      meson install (PREFIX=/usr/local, DESTDIR honoured):
+#                     tools, library, headers, pkg-config file, man pages,
+#                     bash completion
+#   make symbols      rewrite debian/libblkimg0.symbols (the exported
+#                     symbols on record) from build/libblkimg.so
 #   make format       clang-format -i on every C file
 #   make clean        remove build/, build-asan/ and demo/
 
@@ -21,10 +26,10 @@ NINJA      ?= ninja
 CC         ?= cc
 
 # C files we format / check (never anything under a build directory).
-C_DIRS     := src include tests bench
+C_DIRS     := src include tests bench examples
 
 .PHONY: all build deps run check bench bench-tools install format \
-	check-format clean
+	check-format clean symbols
 
 all: build
 
@@ -57,6 +62,13 @@ install: $(BUILD)/build.ninja
 	$(MESON) configure $(BUILD) -Dprefix=$(PREFIX)
 	$(NINJA) -C $(BUILD)
 	$(MESON) install -C $(BUILD) $(if $(DESTDIR),--destdir $(DESTDIR))
+
+# The library's exported symbols on record: new symbols get the project's
+# version as their minimum version, listed ones keep theirs.
+symbols: build
+	@python3 scripts/libsymbols.py update debian/libblkimg0.symbols \
+		$(BUILD)/libblkimg.so \
+		$$(sed -n "s/^  version : '\(.*\)',$$/\1/p" meson.build | head -n 1)
 
 format:
 	@find $(C_DIRS) -name '*.[ch]' -print0 | \

@@ -153,4 +153,6 @@ r=$(ratio "$(total blkimg-io)" "$(total qemu-io)")
 note "sectors moved, blkimg-io / qemu-io = $r (goal <= 0.15: $(verdict "$r" "<=" 0.15))"
 [ -n "${STATS_LINE:-}" ] && note "blkimg-io --stats: $STATS_LINE"
 note "read-back of blkimg-io's writes: $verify"
+result "512-byte O_DIRECT writes, block 0 a hole" qemu-io \
+    "device sectors moved" "$(total blkimg-io)" "$(total qemu-io)" "$r" "<=" 0.15
 summary "$BENCH_NAME" "device sectors blkimg-io/qemu-io = $r (goal <= 0.15: $(verdict "$r" "<=" 0.15)); $(per blkimg-io) vs $(per qemu-io) sectors per 512-byte write; read-back $verify"

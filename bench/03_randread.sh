@@ -71,4 +71,10 @@ done
 rq=$(ratio "$ours" "${IOPS["qemu-img bench"]}")
 rf=$(ratio "$ours" "${IOPS[fio]}")
 note "blkimg / qemu-img bench = $rq (goal >= 2: $(verdict "$rq" ">=" 2)); blkimg / fio = $rf (goal >= 0.85: $(verdict "$rf" ">=" 0.85))"
+result "4 KiB reads QD32" "qemu-img bench" IOPS "$ours" \
+    "${IOPS["qemu-img bench"]}" "$rq" ">=" 2
+result "4 KiB reads QD32" "qemu-img bench -i io_uring" IOPS "$ours" \
+    "${IOPS["qemu-img bench -i io_uring"]}" \
+    "$(ratio "$ours" "${IOPS["qemu-img bench -i io_uring"]}")" - -
+result "4 KiB reads QD32" fio IOPS "$ours" "${IOPS[fio]}" "$rf" ">=" 0.85
 summary "$BENCH_NAME" "IOPS blkimg/qemu-img bench = $rq (goal >= 2: $(verdict "$rq" ">=" 2)); blkimg/fio = $rf (goal >= 0.85: $(verdict "$rf" ">=" 0.85)); blkimg ${ours_mode}"

@@ -100,4 +100,10 @@ printf '  %-34s %10s %10s %12s %14s\n' "blkimg 4 KiB QD32 (IOPS)" "$b_rnd_raw" "
 printf '  %-34s %10s %10s %12s %14s\n' "qemu-img 4 KiB seq QD32 (IOPS)" "$q_rnd_raw" "$q_rnd_q" "$(fmt "$(med q_rnd_ratio)" 2)" ""
 note "blkimg 4 KiB: $rnd_mode; qemu-img bench has no random mode"
 note "qcow2/raw: sequential $rs (goal >= 0.95: $(verdict "$rs" ">=" 0.95)), 4 KiB $rr (goal >= 0.9: $(verdict "$rr" ">=" 0.9))"
+result "qcow2 1 MiB sequential reads" "blkimg on raw" "MiB/s" "$b_seq_q" \
+    "$b_seq_raw" "$rs" ">=" 0.95
+result "qcow2 4 KiB reads QD32" "blkimg on raw" IOPS "$b_rnd_q" \
+    "$b_rnd_raw" "$rr" ">=" 0.9
+result "qcow2 1 MiB sequential reads" qemu-img "MiB/s" "$b_seq_q" \
+    "$q_seq_q" "$(ratio "$b_seq_q" "$q_seq_q")" - -
 summary "$BENCH_NAME" "blkimg qcow2/raw: 1 MiB seq $rs (goal >= 0.95: $(verdict "$rs" ">=" 0.95)); 4 KiB QD32 $rr (goal >= 0.9: $(verdict "$rr" ">=" 0.9))"

@@ -59,4 +59,6 @@ printf '  %-12s %10s %8s   %s\n' tool "MiB/s" ratio "image after the run"
 printf '  %-12s %10s %8s   %s\n' blkimg "${MBS[blkimg]}" "$r" "${CHECK[blkimg]}"
 printf '  %-12s %10s %8s   %s\n' qemu-img "${MBS[qemu-img]}" 1.00 "${CHECK[qemu-img]}"
 note "blkimg / qemu-img = $r (goal >= 1.3: $(verdict "$r" ">=" 1.3))"
+result "64 KiB allocating writes QD16" qemu-img "MiB/s" "${MBS[blkimg]}" \
+    "${MBS[qemu-img]}" "$r" ">=" 1.3
 summary "$BENCH_NAME" "64 KiB QD16 allocating writes blkimg/qemu-img = $r (goal >= 1.3: $(verdict "$r" ">=" 1.3)); qemu-img check: ${CHECK[blkimg]}"

@@ -122,6 +122,13 @@ for c in "${CASES[@]}"; do
     if [ "$cgoal" != "-" ]; then
         goal="$goal, CPU $rc (goal $op $cgoal: $(verdict "$rc" "$op" "$cgoal"))"
     fi
+    result "$label" qemu-img "wall s" "$bw" "$qw" "$rw" "$op" "$wgoal"
+    if [ "$cgoal" != "-" ]; then
+        result "$label" qemu-img "CPU s" "$bc" "$qc" "$rc" "$op" "$cgoal"
+    else
+        result "$label" qemu-img "CPU s" "$bc" "$qc" "$rc" - -
+    fi
+    result "$label" qemu-img "peak RSS MiB" "$bm" "$qm" "$(ratio "$bm" "$qm")" - -
     summary "convert $label" "$goal; blkimg peak RSS $bm MiB; output $bok"
     maxrss=$(awk -v a="$maxrss" -v b="$bm" 'BEGIN{ if (b != "-" && b + 0 > a + 0) print b; else print a }')
 done

@@ -122,6 +122,8 @@ for c in "${CASES[@]}"; do
     rc=$(ratio "$BC" "$QC")
     printf '  %-22s | %8s %8s %6s | %8s %8s %6s | %8s %8s | %s\n' "$label" \
         "$(fmt "$BW" 2)" "$(fmt "$QW" 2)" "$rw" "$(fmt "$BC" 2)" "$(fmt "$QC" 2)" "$rc" "$BM" "$QM" "$OK"
+    result "$label" qemu-img "wall s" "$BW" "$QW" "$rw" - -
+    result "$label" qemu-img "CPU s" "$BC" "$QC" "$rc" - -
     summary "$label" "wall $rw, CPU $rc (blkimg/qemu-img; $(fmt "$BW" 2) s vs $(fmt "$QW" 2) s); blkimg peak RSS $BM MiB; result $OK"
 done
 note "ratios are blkimg / qemu-img (lower is better)"

@@ -53,6 +53,8 @@ for opts in "" "-T none"; do
     rc=$(ratio "$BC" "$QC")
     printf '  %-24s | %8s %8s %6s | %8s %8s %6s | %s\n' "$label" \
         "$(fmt "$BW" 2)" "$(fmt "$QW" 2)" "$rw" "$(fmt "$BC" 2)" "$(fmt "$QC" 2)" "$rc" "$out"
+    result "$label" qemu-img "wall s" "$BW" "$QW" "$rw" - -
+    result "$label" qemu-img "CPU s" "$BC" "$QC" "$rc" - -
     summary "$label" "wall $rw, CPU $rc (blkimg / qemu-img); output $out"
     unset bw bc qw qc
 done

@@ -11,6 +11,9 @@
 #   BENCH_REPS     repetitions per measurement (default 3; the median counts)
 #   BENCH_QUICK=1  smaller counts, one repetition (to try the scripts)
 #   BENCH_SUMMARY  file collecting one line per headline ratio (run.sh)
+#   BENCH_RESULTS  file recording every ratio measured (`title` and
+#                  `result` records, read by bench/chart.py; run.sh keeps
+#                  it beside the report and the charts)
 
 BENCH_LIB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$BENCH_LIB_DIR/.." && pwd)
@@ -40,9 +43,30 @@ quick() {
     if [ "$BENCH_QUICK" = 1 ]; then echo "$1"; else echo "$2"; fi
 }
 
+# The benchmark's group in the recorded results: its script's name.
+BENCH_GROUP=${BENCH_GROUP:-$(basename "$0" .sh)}
+
+# record FIELD...: one tab-separated record in $BENCH_RESULTS (if set).
+record() {
+    if [ -n "${BENCH_RESULTS:-}" ]; then
+        local IFS=$'\t'
+        printf '%s\n' "$*" >>"$BENCH_RESULTS"
+    fi
+}
+
 title() {
     echo
     echo "=== $* ==="
+    record title "$BENCH_GROUP" "$*"
+}
+
+# result CASE REFERENCE METRIC BLKIMG REF RATIO GOAL_OP GOAL: records one
+# measured ratio for the charts: blkimg's value of METRIC for CASE, the
+# reference tool's, RATIO = BLKIMG / REF, and the goal (GOAL_OP ">=" or
+# "<=", or "-" "-" without one). A missing value is "-".
+result() {
+    record result "$BENCH_GROUP" "$1" "$2" "$3" "${4:--}" "${5:--}" \
+        "${6:--}" "${7:--}" "${8:--}"
 }
 
 note() {

@@ -12,7 +12,7 @@ if ! command -v clang-format >/dev/null 2>&1; then
     exit 1
 fi
 
-mapfile -d '' files < <(find src include tests bench -name '*.[ch]' \
+mapfile -d '' files < <(find src include tests bench examples -name '*.[ch]' \
     -type f -print0 2>/dev/null | sort -z)
 if [ ${#files[@]} -eq 0 ]; then
     echo "check-format: no C files found" >&2

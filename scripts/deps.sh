@@ -18,8 +18,13 @@ PACKAGES=(
     qemu-utils fio xfsprogs e2fsprogs util-linux mount
     # format check
     clang-format
-    # benchmarks
-    hyperfine time procps
+    # man pages (scdoc; groff renders them in the tests), bash completion
+    scdoc groff-base man-db bash-completion
+    # Debian packages (dpkg-buildpackage, lintian; the test copies the tree
+    # git tracks)
+    build-essential dpkg-dev debhelper lintian git
+    # benchmarks (gnuplot draws bench/chart.py's charts)
+    hyperfine time procps gnuplot-nox
 )
 
 # One dpkg-query call for all of them (packages it does not know are simply

@@ -85,6 +85,10 @@ struct bi_open_opts {
     bool no_backing;  /* do not open backing files */
     bool no_lock;     /* take no image locks at all (locking=off) */
     bool quiet_probe; /* do not print the raw-probe warning */
+    /* The image was named by image options (--image-opts), not by a file
+     * name: format probing does not see the name, as in QEMU (where it
+     * matters for dmg, recognised by its name alone). */
+    bool named_by_options;
     /* Metadata only (like QEMU's no-I/O opens for info): an image whose
      * data cannot be read here (encrypted) still opens; its data I/O
      * fails. */
@@ -279,24 +283,34 @@ struct bi_opt_desc {
     unsigned flags; /* bi_opt_flags */
 };
 
-/* 0 if format names a format driver, else -ENOENT. */
+/* Whether blkimg knows the image format by that name: 0, or -ENOENT.
+ * Known formats include those it only recognises (see bi_format_caps). */
 BI_EXPORT int bi_format_exists(const char *format);
-/* Name of the i-th registered driver (formats and protocols, 0-based), or
- * NULL past the last. */
+/* Name of the i-th registered driver (formats, those only recognised
+ * included, and protocols; 0-based, registry order), or NULL past the
+ * last. */
 BI_EXPORT const char *bi_driver_name(int i);
 
-enum bi_format_caps {
-    BI_FORMAT_CREATE = 1 << 0,    /* images can be created */
-    BI_FORMAT_BACKING = 1 << 1,   /* images can have a backing file */
-    BI_FORMAT_COMPRESS = 1 << 2,  /* compressed writes (convert -c) */
-    BI_FORMAT_SNAPSHOTS = 1 << 3, /* internal snapshots */
-    BI_FORMAT_BITMAPS = 1 << 4,   /* persistent dirty bitmaps */
-    BI_FORMAT_AMEND = 1 << 5,     /* amend */
-    BI_FORMAT_MEASURE = 1 << 6,   /* measure */
-    BI_FORMAT_PROTOCOL = 1 << 7,  /* a protocol driver (file), no format */
+/* What blkimg can do with a driver (format or protocol), as flags. A
+ * format that has neither OPEN nor CREATE is recognised by probing, and
+ * refused. */
+enum bi_format_flags {
+    BI_FORMAT_OPEN = 1 << 0,      /* images open */
+    BI_FORMAT_CREATE = 1 << 1,    /* images can be created */
+    BI_FORMAT_BACKING = 1 << 2,   /* images can have a backing file */
+    BI_FORMAT_COMPRESS = 1 << 3,  /* compressed writes (convert -c) */
+    BI_FORMAT_SNAPSHOTS = 1 << 4, /* internal snapshots */
+    BI_FORMAT_BITMAPS = 1 << 5,   /* persistent dirty bitmaps */
+    BI_FORMAT_AMEND = 1 << 6,     /* amend */
+    BI_FORMAT_MEASURE = 1 << 7,   /* measure */
+    BI_FORMAT_PROTOCOL = 1 << 8,  /* a protocol driver (file), no format */
 };
-/* The bi_format_caps of the driver named format (0 if unknown). */
-BI_EXPORT unsigned bi_format_caps(const char *format);
+/* The BI_FORMAT_* flags of the driver named name, or -ENOENT. */
+BI_EXPORT int bi_format_caps(const char *name);
+/* Names of the drivers having all the BI_FORMAT_* flags in caps, sorted
+ * by name: stores up to max of them in names (static strings) and
+ * returns how many there are. */
+BI_EXPORT size_t bi_format_names(unsigned caps, const char **names, size_t max);
 
 /* The creation options of the driver named format in QEMU's order (that
  * of the "Formatting" line): with with_protocol, followed by those of the

@@ -385,8 +385,9 @@ char *tool_driver_names(unsigned which, const char *sep, bool sorted)
             continue;
         }
         for (int i = 0; (name = bi_driver_name(i)) && n < 64; i++) {
-            bool is_proto = bi_format_caps(name) & BI_FORMAT_PROTOCOL;
-            if (is_proto == protocols) {
+            int caps = bi_format_caps(name);
+            bool is_proto = caps & BI_FORMAT_PROTOCOL;
+            if ((caps & BI_FORMAT_OPEN) && is_proto == protocols) {
                 v[n++] = name;
             }
         }
@@ -403,6 +404,13 @@ char *tool_driver_names(unsigned which, const char *sep, bool sorted)
     return s;
 }
 
+/* Whether name is a registered protocol driver (file). */
+static bool is_protocol(const char *name)
+{
+    int caps = bi_format_caps(name);
+    return caps >= 0 && (caps & BI_FORMAT_PROTOCOL);
+}
+
 int tool_check_driver_opt(const char *driver, const char *kv, char *errbuf,
                           size_t errlen)
 {
@@ -416,9 +424,7 @@ int tool_check_driver_opt(const char *driver, const char *kv, char *errbuf,
         snprintf(errbuf, errlen,
                  "Block %s '%s' does not support the option "
                  "'%s'",
-                 bi_format_caps(driver) & BI_FORMAT_PROTOCOL ? "protocol"
-                                                             : "format",
-                 driver, key);
+                 is_protocol(driver) ? "protocol" : "format", driver, key);
     } else if (d->flags & BI_OPT_REFUSED) {
         if (d->help) {
             snprintf(errbuf, errlen, "%s", d->help);
@@ -485,6 +491,7 @@ bi_node *tool_open(struct tool_image *ti)
     o.no_backing = ti->no_backing;
     o.quiet_probe = ti->quiet_probe;
     o.metadata_only = ti->metadata_only;
+    o.named_by_options = ti->image_opts;
 
     if (ti->image_opts) {
         char msg[1024];

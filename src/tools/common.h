@@ -86,8 +86,9 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
                           char *errbuf, size_t errlen);
 void tool_image_opts_free(struct tool_image_opts *io);
 
-/* The registered drivers' names joined by sep (malloc'd): formats and/or
- * protocols (which), each kind in registry order, or all sorted. */
+/* The names of the registered drivers that open images, joined by sep
+ * (malloc'd): formats and/or protocols (which), each kind in registry
+ * order, or all sorted. */
 enum { TOOL_FORMATS = 1, TOOL_PROTOCOLS = 2 };
 char *tool_driver_names(unsigned which, const char *sep, bool sorted);
 

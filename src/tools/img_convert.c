@@ -193,6 +193,7 @@ bi_node *cv_open_opts(const char *filename, const char *fmt, bool image_opts,
     bi_node *n;
 
     o->format = fmt;
+    o->named_by_options = image_opts;
     if (image_opts) {
         if (fmt) {
             cv_err("--image-opts and --format are mutually exclusive");
@@ -619,6 +620,12 @@ static int check_target(struct cv_run *r)
     struct cv_args *a = r->a;
     if (a->out_fmt && bi_format_exists(a->out_fmt) < 0) {
         cv_err("Unknown file format '%s'", a->out_fmt);
+        return -1;
+    }
+    if (a->out_fmt && !a->skip_create &&
+        !(bi_format_caps(a->out_fmt) & BI_FORMAT_CREATE)) {
+        cv_err("Format driver '%s' does not support image creation",
+               a->out_fmt);
         return -1;
     }
     r->optv = cv_optlist_strv(&a->opts);

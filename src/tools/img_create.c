@@ -29,6 +29,20 @@ void img_print_opt_list(const struct bi_opt_desc **v, int n)
     }
 }
 
+/* A format blkimg knows (it may only recognise it) but cannot create:
+ * prints qemu-img's refusal (after "filename: " if filename) and returns
+ * true. False for any other name. */
+static bool cannot_create(const char *filename, const char *fmt)
+{
+    int caps = bi_format_caps(fmt);
+    if (bi_format_exists(fmt) < 0 || (caps & BI_FORMAT_CREATE)) {
+        return false;
+    }
+    tool_error("%s%sFormat driver '%s' does not support image creation",
+               filename ? filename : "", filename ? ": " : "", fmt);
+    return true;
+}
+
 /* qemu-img's print_block_option_help(): the format's creation options,
  * merged with the protocol's when a filename is given, sorted by name. */
 int img_print_create_help(const char *filename, const char *fmt)
@@ -36,6 +50,9 @@ int img_print_create_help(const char *filename, const char *fmt)
     const struct bi_opt_desc **all;
     int n;
 
+    if (cannot_create(NULL, fmt)) {
+        return 1;
+    }
     if (bi_create_opt_list(fmt, filename != NULL, &all, &n) < 0) {
         tool_error("Unknown file format '%s'", fmt);
         return 1;
@@ -344,6 +361,9 @@ int img_create(int argc, char **argv)
     bi_error err;
     bi_error_init(&err);
 
+    if (cannot_create(filename, fmt)) {
+        goto out;
+    }
     if (bi_format_exists(fmt) < 0 ||
         !(bi_format_caps(fmt) & BI_FORMAT_CREATE)) {
         tool_error("%s: Unknown file format '%s'", filename, fmt);

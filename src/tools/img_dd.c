@@ -144,6 +144,10 @@ int img_dd(int argc, char **argv)
         cv_err("Unknown file format");
         goto out;
     }
+    if (!(bi_format_caps(out_fmt) & BI_FORMAT_CREATE)) {
+        cv_err("Format driver '%s' does not support image creation", out_fmt);
+        goto out;
+    }
     int64_t size = bi_getlength(in);
     if (size < 0) {
         cv_err("Failed to get size for '%s'", in_name);

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
-/* blkimg map: qemu-img 7.2's "map" (human and JSON, start/length). */
+/* blkimg map: qemu-img 7.2's "map" (human and JSON, start/length), and
+ * blkimg's own --output=svg (img_map_svg.c). */
 #include "common.h"
 #include "img.h"
+#include "img_map_svg.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -13,6 +15,7 @@
 struct map_entry {
     int64_t start, length;
     bool data, zero, present, has_offset;
+    bool compressed; /* told apart by the SVG only, as qemu-img has no key */
     int64_t offset;
     int depth;
     const char *filename; /* NULL when there is no offset */
@@ -40,15 +43,21 @@ static int get_block_status(bi_node *n, int64_t offset, int64_t bytes,
         .has_offset = has_offset,
         .depth = st.depth,
         .present = (st.flags & BI_BS_ALLOCATED) != 0,
+        .compressed = (st.flags & BI_BS_COMPRESSED) != 0,
         .filename = has_offset && st.file ? bi_node_filename(st.file) : NULL,
     };
     return 0;
 }
 
+/* Whether next continues curr as one entry of qemu-img's output (and, with
+ * by_compression, of the same compression too). */
 static bool entry_mergeable(const struct map_entry *curr,
-                            const struct map_entry *next)
+                            const struct map_entry *next, bool by_compression)
 {
     if (curr->length == 0) {
+        return false;
+    }
+    if (by_compression && curr->compressed != next->compressed) {
         return false;
     }
     if (curr->zero != next->zero || curr->data != next->data ||
@@ -103,6 +112,72 @@ static int dump_map_entry(enum tool_output of, const struct map_entry *e,
     return 0;
 }
 
+/* Where the entries go: printed as they come (human, JSON), or collected
+ * for the SVG drawn at the end. */
+struct map_sink {
+    enum tool_output of;
+    bool svg;
+    struct map_extents extents;
+};
+
+static enum map_kind entry_kind(const struct map_entry *e)
+{
+    if (!e->present) {
+        return MAP_UNALLOCATED;
+    }
+    if (e->zero) {
+        return MAP_ZERO;
+    }
+    return e->compressed ? MAP_COMPRESSED : MAP_DATA;
+}
+
+/* Passes one finished entry e (next: the one after it, or NULL at the end)
+ * to the sink. Returns 0 or -1 after printing an error. */
+static int sink_entry(struct map_sink *s, const struct map_entry *e,
+                      struct map_entry *next)
+{
+    if (!s->svg) {
+        return dump_map_entry(s->of, e, next);
+    }
+    if (e->length == 0) {
+        return 0;
+    }
+    struct map_extent x = {e->start, e->length, e->depth, entry_kind(e)};
+    if (map_extents_add(&s->extents, &x) < 0) {
+        tool_error("%s", strerror(ENOMEM));
+        return -1;
+    }
+    return 0;
+}
+
+/* Draws the collected extents of [start, end) of n (the top of its chain)
+ * on stdout. Returns 0 or -1 after printing an error. */
+static int sink_svg(struct map_sink *s, bi_node *n, const char *filename,
+                    int64_t start, int64_t end)
+{
+    int n_layers = 0;
+    for (bi_node *l = n; l; l = bi_node_backing(l)) {
+        n_layers++;
+    }
+    struct map_layer *layers = calloc((size_t)n_layers, sizeof(*layers));
+    if (!layers) {
+        tool_error("%s", strerror(ENOMEM));
+        return -1;
+    }
+    int i = 0;
+    for (bi_node *l = n; l; l = bi_node_backing(l), i++) {
+        layers[i] = (struct map_layer){bi_node_filename(l), bi_node_format(l)};
+    }
+    int ret = map_svg_write(stdout, filename, start, end, layers, n_layers,
+                            &s->extents);
+    free(layers);
+    if (ret < 0) {
+        tool_error("Could not write the map: %s", strerror(-ret));
+        return -1;
+    }
+    return 0;
+}
+
 int img_map(int argc, char **argv)
 {
     static const struct option long_options[] = {
@@ -119,7 +194,7 @@ int img_map(int argc, char **argv)
     const char *fmt = NULL, *output = NULL;
     bool image_opts = false, force_share = false;
     int64_t start_offset = 0, max_length = -1;
-    enum tool_output of;
+    struct map_sink sink = {.of = TOOL_OUTPUT_HUMAN};
     int c, ret = 0;
 
     opterr = 0;
@@ -164,7 +239,8 @@ int img_map(int argc, char **argv)
         tool_error_exit("Expecting one image file name");
     }
     const char *filename = argv[optind];
-    if (tool_parse_output(output, &of) < 0) {
+    sink.svg = output && !strcmp(output, "svg");
+    if (!sink.svg && tool_parse_output(output, &sink.of) < 0) {
         return 1;
     }
 
@@ -180,7 +256,9 @@ int img_map(int argc, char **argv)
         return 1;
     }
 
-    if (of == TOOL_OUTPUT_HUMAN) {
+    if (sink.svg) {
+        /* drawn at the end */
+    } else if (sink.of == TOOL_OUTPUT_HUMAN) {
         printf("%-16s%-16s%-16s%s\n", "Offset", "Length", "Mapped to", "File");
     } else {
         putchar('[');
@@ -210,23 +288,27 @@ int img_map(int argc, char **argv)
             tool_error("Could not read file metadata: %s", strerror(-ret));
             goto out;
         }
-        if (entry_mergeable(&curr, &next)) {
+        if (entry_mergeable(&curr, &next, sink.svg)) {
             curr.length += next.length;
             continue;
         }
         if (curr.length > 0) {
-            ret = dump_map_entry(of, &curr, &next);
+            ret = sink_entry(&sink, &curr, &next);
             if (ret < 0) {
                 goto out;
             }
         }
         curr = next;
     }
-    ret = dump_map_entry(of, &curr, NULL);
-    if (of == TOOL_OUTPUT_JSON) {
+    ret = sink_entry(&sink, &curr, NULL);
+    if (ret == 0 && sink.svg) {
+        ret = sink_svg(&sink, n, filename, start_offset,
+                       length > start_offset ? length : start_offset);
+    } else if (sink.of == TOOL_OUTPUT_JSON) {
         puts("]");
     }
 out:
+    map_extents_free(&sink.extents);
     bi_close(n, NULL);
     return ret < 0;
 }

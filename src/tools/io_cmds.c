@@ -2373,6 +2373,7 @@ int io_openfile(const char *name, struct io_open_req *r)
     o.read_write = !read_only;
     o.force_share = force_share;
     o.no_lock = no_lock;
+    o.named_by_options = !name; /* --image-opts: no file name to probe */
     o.driver_opts = nd ? dopts : NULL;
 
     if (r->snapshot) {

@@ -8,6 +8,7 @@
 #include "blkimg/blkimg.h"
 #include "tap.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,7 +60,7 @@ int main(void)
     is_str(bi_opt_type_name(BI_OPT_BOOL), "bool (on/off)", "bool type name");
     is_str(bi_opt_type_name(BI_OPT_NUMBER), "num", "number type name");
 
-    unsigned q = bi_format_caps("qcow2"), r = bi_format_caps("raw");
+    int q = bi_format_caps("qcow2"), r = bi_format_caps("raw");
     ok((q & (BI_FORMAT_BACKING | BI_FORMAT_COMPRESS | BI_FORMAT_SNAPSHOTS |
              BI_FORMAT_BITMAPS | BI_FORMAT_AMEND | BI_FORMAT_MEASURE)) ==
            (BI_FORMAT_BACKING | BI_FORMAT_COMPRESS | BI_FORMAT_SNAPSHOTS |
@@ -71,7 +72,8 @@ int main(void)
                   BI_FORMAT_PROTOCOL)),
        "raw capabilities");
     ok(bi_format_caps("file") & BI_FORMAT_PROTOCOL, "file is a protocol");
-    ok(bi_format_caps("nosuch") == 0, "unknown: no capabilities");
+    ok(bi_format_caps("nosuch") == -ENOENT, "unknown: -ENOENT");
+    ok(bi_format_caps("vmdk") == 0, "recognised only: no capabilities");
     ok(bi_amend_opts("qcow2") && !bi_amend_opts("raw"), "amend tables");
 
     d = bi_runtime_opt_find("qcow2", "encrypt.key-secret");
@@ -84,11 +86,12 @@ int main(void)
     ok(d && (d->flags & BI_OPT_REFUSED) && !d->help,
        "raw offset: refused, generic words");
 
-    int formats = 0, protocols = 0;
+    int formats = 0, protocols = 0; /* that open images */
     for (int i = 0; bi_driver_name(i); i++) {
-        if (bi_format_caps(bi_driver_name(i)) & BI_FORMAT_PROTOCOL)
+        int caps = bi_format_caps(bi_driver_name(i));
+        if (caps & BI_FORMAT_PROTOCOL)
             protocols++;
-        else
+        else if (caps & BI_FORMAT_OPEN)
             formats++;
     }
     ok(formats >= 2 && protocols >= 1 && bi_driver_name(-1) == NULL,

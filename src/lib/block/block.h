@@ -136,11 +136,18 @@ struct bi_driver {
     bool identity_map;
     size_t state_size; /* bytes of n->opaque, zeroed before open */
 
-    /* Format probing: a score 0..100 for the first bytes of the file. */
+    /* Format probing, QEMU's rules and scores: buf holds the first
+     * BI_PROBE_BYTES bytes of the file, zeroes past its end (len is
+     * BI_PROBE_BYTES); filename is the name the user gave, NULL where
+     * QEMU has none (json:/--image-opts, the first-sector check). Returns
+     * 0 (not this format) to 100; the highest score wins (see
+     * bi_probe_format). Must not read beyond buf[len - 1]. */
     int (*probe)(const uint8_t *buf, size_t len, const char *filename);
 
     /* Formats: n->file is open before this is called. Protocols: open
-     * n->filename. Sets n->size. */
+     * n->filename. Sets n->size. NULL: a format blkimg recognises (by
+     * probe or by name) but cannot open yet; opening one is refused
+     * before anything is read or written (src/lib/format/foreign.c). */
     int (*open)(bi_node *n, const struct bi_open_opts *o, bi_error *err);
     void (*close)(bi_node *n);
     /* Optional, in a coroutine, before close: writes what close would
@@ -245,7 +252,7 @@ struct bi_node {
     LIST_HEAD(, bi_tracked_req) tracked;
 };
 
-/* Registry */
+/* Registry (src/lib/format/probe.c) */
 const struct bi_driver *bi_driver_find(const char *name);
 /* The i-th registered driver (0-based), NULL past the last. */
 const struct bi_driver *bi_driver_at(int i);
@@ -256,8 +263,16 @@ const struct bi_driver *bi_create_protocol(void);
  * BI_OPT_PREFIX entry, that key starts with; NULL if none. */
 const struct bi_opt_desc *bi_opt_lookup(const struct bi_opt_desc *table,
                                         const char *key);
-/* The format driver whose probe scores highest on the first bytes of an
- * image (raw if none claims it). */
+/* What probing falls back on (an empty file, bytes no format claims): the
+ * first registered format without metadata (identity_map: raw). */
+const struct bi_driver *bi_probe_fallback(void);
+/* Bytes of an image that probing looks at: QEMU's BLOCK_PROBE_BUF_SIZE,
+ * also the block 0 a probed raw image protects (io.c). */
+#define BI_PROBE_BYTES 512
+/* The format driver whose probe scores highest on buf (BI_PROBE_BYTES
+ * bytes, zero-filled past the end of the file; see bi_driver.probe); ties
+ * go to the driver listed first, as in QEMU. Raw when no format claims
+ * it (raw scores 1). Never NULL. */
 const struct bi_driver *bi_probe_format(const uint8_t *buf, size_t len,
                                         const char *filename);
 /* Every registered driver's table, bi_drv_<name>. */

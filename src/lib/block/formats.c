@@ -51,22 +51,6 @@ const struct bi_driver *bi_create_protocol(void)
     return NULL;
 }
 
-unsigned bi_format_caps(const char *format)
-{
-    const struct bi_driver *d = bi_driver_find(format);
-    if (!d)
-        return 0;
-    return (d->create ? BI_FORMAT_CREATE : 0) |
-           (bi_opt_lookup(d->create_opts, "backing_file") ? BI_FORMAT_BACKING
-                                                          : 0) |
-           (d->co_pwrite_compressed ? BI_FORMAT_COMPRESS : 0) |
-           (d->snapshot ? BI_FORMAT_SNAPSHOTS : 0) |
-           (d->bitmap ? BI_FORMAT_BITMAPS : 0) |
-           (d->amend ? BI_FORMAT_AMEND : 0) |
-           (d->measure ? BI_FORMAT_MEASURE : 0) |
-           (d->is_protocol ? BI_FORMAT_PROTOCOL : 0);
-}
-
 int bi_create_opt_list(const char *format, bool with_protocol,
                        const struct bi_opt_desc ***out, int *n)
 {

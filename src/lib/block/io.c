@@ -303,11 +303,14 @@ static int fmt_read(bi_node *n, uint64_t off, uint64_t len,
 }
 
 /* A write to the first sector of an image whose format was guessed as raw
- * must not make it look like another format (CVE-2008-2004). */
+ * must not make it look like another format (CVE-2008-2004): the sector as
+ * it would be after the write goes through every format's probe, without a
+ * file name, as QEMU's raw driver does. Returns 0, -EPERM, or a read
+ * error. */
 static int check_probed_first_sector(bi_node *n, uint64_t off, uint64_t len,
                                      const struct iovec *iov, int iovcnt)
 {
-    enum { PROBE_BYTES = 512 };
+    enum { PROBE_BYTES = BI_PROBE_BYTES };
     if (!n->format_probed || off >= PROBE_BYTES)
         return 0;
     uint8_t sector[PROBE_BYTES];

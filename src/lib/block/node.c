@@ -14,7 +14,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#define PROBE_BYTES 2048
 #define MAX_BACKING_DEPTH 256
 /* QEMU sizes block nodes in 512-byte sectors; so do we, for images. */
 #define SECTOR 512
@@ -161,6 +160,7 @@ static int open_backing(bi_node *n, const struct bi_open_opts *o, int depth,
     bo.read_write = false;
     bo.cache = o->backing_cache;
     bo.quiet_probe = true;
+    bo.named_by_options = false; /* QEMU probes a backing file by name */
     bo.driver_opts = NULL;
     bi_error berr;
     bi_error_init(&berr);
@@ -176,6 +176,56 @@ static int open_backing(bi_node *n, const struct bi_open_opts *o, int depth,
     return 0;
 }
 
+/* Refuses a format that blkimg recognises but cannot open (no open in its
+ * table): sets err and returns -ENOTSUP; 0 for any other driver. A backing
+ * file (depth > 0) is named in the message; the caller of bi_open names
+ * the image itself. */
+static int refuse_unopenable(const struct bi_driver *drv, const char *filename,
+                             int depth, bi_error *err)
+{
+    if (drv->open)
+        return 0;
+    if (depth > 0)
+        bi_error_set(err, 0,
+                     "Could not open '%s': Image format '%s' is not "
+                     "supported by blkimg yet",
+                     filename, drv->name);
+    else
+        bi_error_set(err, 0, "Image format '%s' is not supported by blkimg yet",
+                     drv->name);
+    if (err)
+        err->code = -ENOTSUP;
+    return -ENOTSUP;
+}
+
+/* Probes the format of the image on file as QEMU 7.2 does: an empty file
+ * is raw; otherwise the first BI_PROBE_BYTES bytes (zeroes past the end)
+ * and the name decide (bi_probe_format). Returns the driver, or NULL with
+ * err set when the bytes cannot be read. */
+static const struct bi_driver *probe_format(bi_node *file, const char *filename,
+                                            bi_error *err)
+{
+    if (file->size == 0)
+        return bi_probe_fallback();
+    uint8_t *buf =
+        bi_alloc_aligned(file->limits.opt_mem_alignment, BI_PROBE_BYTES);
+    if (!buf)
+        abort();
+    memset(buf, 0, BI_PROBE_BYTES);
+    /* whole sectors: the request alignment of O_DIRECT files allows it */
+    uint64_t l =
+        BI_MIN((uint64_t)BI_PROBE_BYTES, bi_align_up(file->size, SECTOR));
+    int ret = bi_pread(file, 0, buf, l);
+    const struct bi_driver *drv = NULL;
+    if (ret < 0)
+        bi_error_set(err, -ret,
+                     "Could not read image for determining its format");
+    else
+        drv = bi_probe_format(buf, BI_PROBE_BYTES, filename);
+    bi_free_aligned(buf);
+    return drv;
+}
+
 static bi_node *open_format(const char *filename, const char *format,
                             const struct bi_open_opts *o, int depth,
                             char **chain, bi_error *err)
@@ -187,6 +237,8 @@ static bi_node *open_format(const char *filename, const char *format,
             bi_error_set(err, 0, "Unknown driver '%s'", format);
             return NULL;
         }
+        if (refuse_unopenable(drv, filename, depth, err) < 0)
+            return NULL;
     }
     bi_node *file = bi_open_protocol(filename, o, err);
     if (!file)
@@ -202,24 +254,11 @@ static bi_node *open_format(const char *filename, const char *format,
 
     bool probed = false;
     if (!drv) {
-        uint8_t *buf =
-            bi_alloc_aligned(file->limits.opt_mem_alignment, PROBE_BYTES);
-        if (!buf)
-            abort();
-        memset(buf, 0, PROBE_BYTES);
-        uint64_t l =
-            BI_MIN((uint64_t)PROBE_BYTES, bi_align_up(file->size, SECTOR));
-        int ret = l ? bi_pread(file, 0, buf, l) : 0;
-        if (ret < 0) {
-            bi_error_set(err, -ret,
-                         "Could not read image for determining "
-                         "its format");
-            bi_free_aligned(buf);
+        drv = probe_format(file, o->named_by_options ? NULL : filename, err);
+        if (!drv || refuse_unopenable(drv, filename, depth, err) < 0) {
             close_graph(file);
             return NULL;
         }
-        drv = bi_probe_format(buf, l, filename);
-        bi_free_aligned(buf);
         probed = drv->identity_map;
     }
 

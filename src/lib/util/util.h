@@ -3,10 +3,12 @@
 #ifndef BI_UTIL_H
 #define BI_UTIL_H
 
+#include <endian.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/uio.h>
 
 #define BI_MIN(a, b) ((a) < (b) ? (a) : (b))
@@ -34,6 +36,26 @@ static inline bool bi_is_aligned(uint64_t v, uint64_t a)
 static inline bool bi_ptr_aligned(const void *p, uint64_t a)
 {
     return ((uintptr_t)p % a) == 0;
+}
+
+/* ---- on-disk integers: read from any byte address ---- */
+static inline uint16_t bi_ld_be16(const void *p)
+{
+    uint16_t v;
+    memcpy(&v, p, sizeof(v));
+    return be16toh(v);
+}
+static inline uint32_t bi_ld_be32(const void *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof(v));
+    return be32toh(v);
+}
+static inline uint32_t bi_ld_le32(const void *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof(v));
+    return le32toh(v);
 }
 
 /* True if every iov base and length meets mem/len alignment. */

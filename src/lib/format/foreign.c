@@ -1,0 +1,232 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * Image formats that blkimg recognises but cannot open yet.
+ *
+ * Each table has the format's name and a probe that answers exactly as
+ * the format's driver in QEMU 7.2 does (same bytes looked at, same score),
+ * so that `blkimg info`, `convert` and friends name the format qemu-img
+ * names and refuse it, instead of taking its container for raw data. The
+ * tables have no open: the generic layer refuses to open such an image
+ * (and `-f NAME` for it) with one line naming the format; they have no
+ * create either, so creating one is refused as QEMU refuses a format it
+ * cannot create.
+ *
+ * Every probe gets BI_PROBE_BYTES (512) bytes, zeroes past the end of the
+ * file, as QEMU's probes do; the length checks below are QEMU's and hold
+ * for any len.
+ */
+#include "format/foreign.h"
+#include "util/util.h"
+
+#include <string.h>
+
+enum { SCORE_SURE = 100 };
+
+/* True if buf (len bytes) starts with the n bytes of magic. */
+static bool starts_with(const uint8_t *buf, size_t len, const char *magic,
+                        size_t n)
+{
+    return len >= n && !memcmp(buf, magic, n);
+}
+
+/* ------------------------------------------------------------ qcow (v1) */
+
+/* "QFI\xfb" (big-endian magic) and version 1, in a 48-byte header;
+ * versions 2 and 3 are qcow2's. */
+static int qcow_probe(const uint8_t *buf, size_t len, const char *filename)
+{
+    (void)filename;
+    return len >= 48 && bi_ld_be32(buf) == 0x514649fb &&
+                   bi_ld_be32(buf + 4) == 1
+               ? SCORE_SURE
+               : 0;
+}
+
+/* ------------------------------------------------------------------ qed */
+
+/* "QED\0" (little-endian magic) in a 64-byte header. */
+static int qed_probe(const uint8_t *buf, size_t len, const char *filename)
+{
+    (void)filename;
+    return len >= 64 && bi_ld_le32(buf) == 0x00444551 ? SCORE_SURE : 0;
+}
+
+/* ----------------------------------------------------------------- vmdk */
+
+/* A line of a text descriptor that QEMU takes for its first: "version=N"
+ * with N 1..3, ended by LF or CR LF. p has n bytes. */
+static bool vmdk_version_line(const uint8_t *p, size_t n)
+{
+    if (n < 10 || memcmp(p, "version=", 8) || p[8] < '1' || p[8] > '3')
+        return false;
+    return p[9] == '\n' || (n >= 11 && p[9] == '\r' && p[10] == '\n');
+}
+
+/* QEMU's heuristic for a descriptor file (monolithicFlat, twoGbMaxExtent*,
+ * vmfs ...): comment lines ('#' to LF) and blank lines (one or more
+ * spaces, an optional CR, LF) may come first; the first other line must
+ * be a version line. An empty line (a bare LF) ends the search: not vmdk.
+ * Looks at no byte beyond buf[len - 1]. */
+static bool vmdk_descriptor_text(const uint8_t *buf, size_t len)
+{
+    size_t i = 0;
+    while (i < len) {
+        if (buf[i] == '#') {
+            while (i < len && buf[i] != '\n')
+                i++;
+            i++; /* past the LF (or past the end: the loop stops) */
+        } else if (buf[i] == ' ') {
+            while (i < len && buf[i] == ' ')
+                i++;
+            if (i < len && buf[i] == '\r')
+                i++;
+            if (i == len || buf[i] != '\n')
+                return false;
+            i++;
+        } else {
+            return vmdk_version_line(buf + i, len - i);
+        }
+    }
+    return false;
+}
+
+/* Sparse extents start with "KDMV" (VMDK 4: monolithicSparse,
+ * streamOptimized, twoGbMaxExtentSparse) or "COWD" (VMDK 3, vmfsSparse);
+ * otherwise the file may be a text descriptor. */
+static int vmdk_probe(const uint8_t *buf, size_t len, const char *filename)
+{
+    (void)filename;
+    if (len < 4)
+        return 0;
+    if (!memcmp(buf, "KDMV", 4) || !memcmp(buf, "COWD", 4))
+        return SCORE_SURE;
+    return vmdk_descriptor_text(buf, len) ? SCORE_SURE : 0;
+}
+
+/* ----------------------------------------------------------------- vhdx */
+
+/* The file identifier "vhdxfile" at offset 0. */
+static int vhdx_probe(const uint8_t *buf, size_t len, const char *filename)
+{
+    (void)filename;
+    return starts_with(buf, len, "vhdxfile", 8) ? SCORE_SURE : 0;
+}
+
+/* ------------------------------------------------------------ vpc (VHD) */
+
+/* The footer cookie "conectix" at offset 0: dynamic and differencing
+ * VHDs keep a copy of their footer there. A fixed VHD has its footer only
+ * at the end of the file, and QEMU probes it as raw: so does blkimg. */
+static int vpc_probe(const uint8_t *buf, size_t len, const char *filename)
+{
+    (void)filename;
+    return starts_with(buf, len, "conectix", 8) ? SCORE_SURE : 0;
+}
+
+/* ------------------------------------------------------------------ vdi */
+
+/* The signature 0xbeda107f (little-endian) at offset 64 of the 512-byte
+ * header; the text before it is free-form. */
+static int vdi_probe(const uint8_t *buf, size_t len, const char *filename)
+{
+    (void)filename;
+    return len >= 512 && bi_ld_le32(buf + 64) == 0xbeda107f ? SCORE_SURE : 0;
+}
+
+/* ----------------------------------------------------------------- luks */
+
+/* "LUKS\xba\xbe" and version 1 (big-endian 16 bits at offset 6); LUKS2
+ * headers are not probed by QEMU 7.2 (they are raw to it). */
+static int luks_probe(const uint8_t *buf, size_t len, const char *filename)
+{
+    (void)filename;
+    return starts_with(buf, len, "LUKS\xba\xbe", 6) && len >= 8 &&
+                   bi_ld_be16(buf + 6) == 1
+               ? SCORE_SURE
+               : 0;
+}
+
+/* ------------------------------------------------------------ parallels */
+
+/* "WithoutFreeSpace" or "WithouFreSpacExt" and version 2 (little-endian
+ * at offset 16) in a 64-byte header. */
+static int parallels_probe(const uint8_t *buf, size_t len, const char *filename)
+{
+    (void)filename;
+    if (len < 64 || bi_ld_le32(buf + 16) != 2)
+        return 0;
+    return !memcmp(buf, "WithoutFreeSpace", 16) ||
+                   !memcmp(buf, "WithouFreSpacExt", 16)
+               ? SCORE_SURE
+               : 0;
+}
+
+/* ------------------------------------------------------------------ dmg */
+
+/* QEMU 7.2 decides dmg by the file name alone: a name longer than four
+ * characters ending in ".dmg" scores 2 (above raw's 1); the koly trailer
+ * is only looked at when the image is opened. No name (json:,
+ * --image-opts): 0. */
+static int dmg_probe(const uint8_t *buf, size_t len, const char *filename)
+{
+    (void)buf;
+    (void)len;
+    if (!filename)
+        return 0;
+    size_t n = strlen(filename);
+    return n > 4 && !strcmp(filename + n - 4, ".dmg") ? 2 : 0;
+}
+
+/* ---------------------------------------------------------------- bochs */
+
+/* True if the NUL-terminated string s is at buf + off, terminator
+ * included (QEMU compares the header's fields with strcmp). */
+static bool has_cstring(const uint8_t *buf, size_t len, size_t off,
+                        const char *s)
+{
+    size_t n = strlen(s) + 1;
+    return off + n <= len && !memcmp(buf + off, s, n);
+}
+
+/* A growing redolog: magic, type and subtype strings at offsets 0, 32 and
+ * 48, version 1 or 2 (little-endian at 64), in a 512-byte header. */
+static int bochs_probe(const uint8_t *buf, size_t len, const char *filename)
+{
+    (void)filename;
+    if (len < 512 || !has_cstring(buf, len, 0, "Bochs Virtual HD Image") ||
+        !has_cstring(buf, len, 32, "Redolog") ||
+        !has_cstring(buf, len, 48, "Growing"))
+        return 0;
+    uint32_t version = bi_ld_le32(buf + 64);
+    return version == 0x00020000 || version == 0x00010000 ? SCORE_SURE : 0;
+}
+
+/* ---------------------------------------------------------------- cloop */
+
+/* The V2.0 shell-script preamble at offset 0 scores 2 (QEMU compares at
+ * most len bytes of it). */
+static int cloop_probe(const uint8_t *buf, size_t len, const char *filename)
+{
+    static const char magic[] =
+        "#!/bin/sh\n"
+        "#V2.0 Format\n"
+        "modprobe cloop file=$0 && mount -r -t iso9660 /dev/cloop $1\n";
+    (void)filename;
+    size_t n = BI_MIN(strlen(magic), len);
+    return !memcmp(buf, magic, n) ? 2 : 0;
+}
+
+/* ---------------------------------------------------------------- tables */
+
+const struct bi_driver bi_drv_qcow = {.name = "qcow", .probe = qcow_probe};
+const struct bi_driver bi_drv_qed = {.name = "qed", .probe = qed_probe};
+const struct bi_driver bi_drv_vmdk = {.name = "vmdk", .probe = vmdk_probe};
+const struct bi_driver bi_drv_vhdx = {.name = "vhdx", .probe = vhdx_probe};
+const struct bi_driver bi_drv_vpc = {.name = "vpc", .probe = vpc_probe};
+const struct bi_driver bi_drv_vdi = {.name = "vdi", .probe = vdi_probe};
+const struct bi_driver bi_drv_luks = {.name = "luks", .probe = luks_probe};
+const struct bi_driver bi_drv_parallels = {.name = "parallels",
+                                           .probe = parallels_probe};
+const struct bi_driver bi_drv_dmg = {.name = "dmg", .probe = dmg_probe};
+const struct bi_driver bi_drv_bochs = {.name = "bochs", .probe = bochs_probe};
+const struct bi_driver bi_drv_cloop = {.name = "cloop", .probe = cloop_probe};
