@@ -7,6 +7,7 @@
 #define BI_AIO_H
 
 #include "io/engine.h"
+#include "util/coroutine.h"
 #include <stdbool.h>
 
 /* The process engine (created on first use with the selected kind). */
@@ -38,7 +39,36 @@ void bi_loop_request_started(void);
 void bi_loop_request_done(void);
 int bi_loop_requests(void);
 
-/* Queue of coroutines woken with bi_co_wake (used by coroutine.c). */
-void bi_loop_schedule_co(void *co);
+/*
+ * Sockets in the loop (network protocols: libnbd's connection). A watch
+ * arms one-shot polls of one descriptor for reading and/or writing; when
+ * one fires, cb runs in the loop (never inside a coroutine) with the
+ * revents, and the owner arms again what it still wants. Waiting on the
+ * loop thus covers file I/O, worker threads and sockets at once.
+ */
+struct bi_fd_watch {
+    void (*cb)(struct bi_fd_watch *w, unsigned revents);
+    /* private */
+    struct bi_io in, out;
+    bool armed_in, armed_out;
+    bool stopping;
+    int fd;
+    bi_co *waiter; /* a coroutine in bi_fd_watch_stop */
+};
+/* Prepares w (no poll armed). */
+void bi_fd_watch_init(struct bi_fd_watch *w,
+                      void (*cb)(struct bi_fd_watch *w, unsigned revents));
+/* Arms polls of fd for reading (in) and/or writing (out), each unless one
+ * is armed already. When fd differs from the watched descriptor, the
+ * armed polls are cancelled instead and cb runs with revents 0 once they
+ * ended, so the owner arms again for the new descriptor. */
+void bi_fd_watch_arm(struct bi_fd_watch *w, int fd, bool in, bool out);
+/* Cancels the armed polls without waiting; cb is not called for them
+ * (until the next arm). For a descriptor that died in a callback. */
+void bi_fd_watch_cancel(struct bi_fd_watch *w);
+/* Cancels the armed polls and waits until they ended (yielding in a
+ * coroutine, running the loop outside one; never from cb). Afterwards
+ * the descriptor may be closed and w freed. */
+void bi_fd_watch_stop(struct bi_fd_watch *w);
 
 #endif

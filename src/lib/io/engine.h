@@ -19,6 +19,8 @@ enum bi_io_op {
     BI_IO_FSYNC,     /* fdatasync(fd) */
     BI_IO_FALLOCATE, /* fallocate(fd, mode, offset, len) */
     BI_IO_WORK,      /* work_fn(work_arg) on a worker thread */
+    BI_IO_POLL,      /* one-shot poll(fd, mode): ret = revents; ends only
+                        when fd is ready or the request is cancelled */
 };
 
 struct bi_io;
@@ -31,7 +33,7 @@ struct bi_io {
     int iovcnt;
     uint64_t offset;
     uint64_t len;              /* FALLOCATE */
-    int mode;                  /* FALLOCATE mode */
+    int mode;                  /* FALLOCATE mode; POLL events */
     bool cached;               /* READ/WRITE: fd goes through the page cache */
     int (*work_fn)(void *arg); /* WORK; returns 0 or -errno */
     void *work_arg;
@@ -62,6 +64,10 @@ struct bi_engine_ops {
      * -errno (then nothing changes). Unregister before the memory goes. */
     int (*buf_register)(struct bi_engine *e, void *base, size_t len);
     void (*buf_unregister)(struct bi_engine *e, void *base);
+    /* Ends a BI_IO_POLL request early: it completes through its callback
+     * at a later poll, with -ECANCELED (or its result, if it was already
+     * done). Any other request is left alone. */
+    void (*cancel)(struct bi_engine *e, struct bi_io *io);
 };
 
 struct bi_engine {

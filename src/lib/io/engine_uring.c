@@ -18,6 +18,9 @@
 
 /* user_data of the eventfd poll request; no bi_io lives at address 1. */
 #define TAG_POOL ((uint64_t)1)
+/* user_data of poll-remove requests, whose completions are dropped (the
+ * removed poll completes on its own with -ECANCELED). */
+#define TAG_IGNORE ((uint64_t)2)
 /* Workers for BI_IO_WORK (CPU work such as compression) and fallbacks. */
 #define POOL_THREADS 16
 /* CQEs copied out per batch while reaping. */
@@ -281,6 +284,9 @@ static bool prep(struct uring *u, struct bi_io *io)
         io_uring_prep_fallocate(sqe, io->fd, io->mode, (off_t)io->offset,
                                 (off_t)io->len);
         break;
+    case BI_IO_POLL:
+        io_uring_prep_poll_add(sqe, io->fd, (unsigned)io->mode);
+        break;
     default:
         io_uring_prep_nop(sqe); /* not reached: filtered by submit */
         break;
@@ -399,6 +405,9 @@ static int reap_ring(struct bi_engine *e, struct uring *u)
         }
         io_uring_cq_advance(&u->ring, cnt);
         for (unsigned i = 0; i < cnt; i++) {
+            if (got[i].data == TAG_IGNORE) {
+                continue;
+            }
             if (got[i].data == TAG_POOL) {
                 uint64_t v;
 
@@ -487,6 +496,40 @@ static int uring_poll(struct bi_engine *e, unsigned min_complete)
     }
 }
 
+/* Asks the kernel to end a poll request; the request then completes with
+ * -ECANCELED (or with its revents if it fired first). A request still in
+ * the backlog never reached the kernel: it completes at once. */
+static void uring_cancel(struct bi_engine *e, struct bi_io *io)
+{
+    struct uring *u = e->priv;
+    struct io_uring_sqe *sqe;
+
+    if (io->op != BI_IO_POLL) {
+        return;
+    }
+    for (struct bi_io **p = &u->backlog_head; *p; p = &(*p)->next) {
+        if (*p == io) {
+            *p = io->next;
+            if (u->backlog_tail == io) {
+                u->backlog_tail = NULL;
+                for (struct bi_io *t = u->backlog_head; t; t = t->next) {
+                    u->backlog_tail = t;
+                }
+            }
+            io->ret = -ECANCELED;
+            list_push(&u->inline_head, &u->inline_tail, io);
+            return;
+        }
+    }
+    sqe = get_sqe(u);
+    if (!sqe) {
+        return; /* the poll ends when its fd is ready or closed */
+    }
+    io_uring_prep_poll_remove(sqe, (__u64)(uintptr_t)io);
+    io_uring_sqe_set_data64(sqe, TAG_IGNORE);
+    io_uring_submit(&u->ring);
+}
+
 const struct bi_engine_ops bi_engine_uring_ops = {
     .name = "io_uring",
     .init = uring_init,
@@ -495,4 +538,5 @@ const struct bi_engine_ops bi_engine_uring_ops = {
     .poll = uring_poll,
     .buf_register = uring_buf_register,
     .buf_unregister = uring_buf_unregister,
+    .cancel = uring_cancel,
 };

@@ -10,6 +10,7 @@
 #include "util/util.h"
 
 #include <errno.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -91,7 +92,8 @@ int bi_aio_parse(const char *s, enum bi_aio *out)
     return 0;
 }
 
-void bi_loop_schedule_co(void *co)
+/* The wake-up hook of coroutine.c: woken coroutines queue here. */
+static void schedule_co(bi_co *co)
 {
     if (ready_len == ready_cap) {
         ready_cap = ready_cap ? ready_cap * 2 : 64;
@@ -100,6 +102,13 @@ void bi_loop_schedule_co(void *co)
             abort();
     }
     ready[ready_len++] = co;
+}
+
+/* util stays below the loop: the loop hands coroutine.c its wake-up hook
+ * before any coroutine can run. */
+__attribute__((constructor)) static void loop_register_wake(void)
+{
+    bi_co_set_wake_hook(schedule_co);
 }
 
 static int run_ready(void)
@@ -255,6 +264,109 @@ int bi_run_in_threads(int (*fn)(void *), void *const *args, int n)
         ret = (int)io[i].ret;
     free(io);
     return ret;
+}
+
+/* ------------------------------------------------------------ fd watches */
+
+/* A poll of a watch ended: the owner hears of it unless the watch is
+ * being stopped. A cancelled poll, or one of a descriptor the watch has
+ * left, reports revents 0 (the owner then arms again). */
+static void watch_done(struct bi_io *io)
+{
+    struct bi_fd_watch *w = io->opaque;
+    unsigned revents;
+
+    if (io == &w->in) {
+        w->armed_in = false;
+    } else {
+        w->armed_out = false;
+    }
+    if (w->stopping) {
+        if (!w->armed_in && !w->armed_out && w->waiter) {
+            bi_co_wake(w->waiter);
+        }
+        return;
+    }
+    if (io->ret == -ECANCELED || io->fd != w->fd) {
+        revents = 0;
+    } else {
+        /* an engine error is an error condition on the descriptor */
+        revents = io->ret < 0 ? POLLERR : (unsigned)io->ret;
+    }
+    w->cb(w, revents);
+}
+
+void bi_fd_watch_init(struct bi_fd_watch *w,
+                      void (*cb)(struct bi_fd_watch *w, unsigned revents))
+{
+    memset(w, 0, sizeof(*w));
+    w->cb = cb;
+    w->fd = -1;
+}
+
+static void arm_one(struct bi_fd_watch *w, struct bi_io *io, short events)
+{
+    struct bi_engine *e = bi_engine_get();
+
+    memset(io, 0, sizeof(*io));
+    io->op = BI_IO_POLL;
+    io->fd = w->fd;
+    io->mode = events;
+    io->cb = watch_done;
+    io->opaque = w;
+    e->ops->submit(e, io);
+}
+
+static void cancel_armed(struct bi_fd_watch *w)
+{
+    struct bi_engine *e = bi_engine_get();
+
+    if (w->armed_in) {
+        e->ops->cancel(e, &w->in);
+    }
+    if (w->armed_out) {
+        e->ops->cancel(e, &w->out);
+    }
+}
+
+void bi_fd_watch_arm(struct bi_fd_watch *w, int fd, bool in, bool out)
+{
+    w->stopping = false;
+    if (fd != w->fd && (w->armed_in || w->armed_out)) {
+        w->fd = fd;
+        cancel_armed(w); /* their callbacks arm for fd */
+        return;
+    }
+    w->fd = fd;
+    if (in && !w->armed_in) {
+        w->armed_in = true;
+        arm_one(w, &w->in, POLLIN);
+    }
+    if (out && !w->armed_out) {
+        w->armed_out = true;
+        arm_one(w, &w->out, POLLOUT);
+    }
+}
+
+void bi_fd_watch_cancel(struct bi_fd_watch *w)
+{
+    w->stopping = true;
+    cancel_armed(w);
+}
+
+void bi_fd_watch_stop(struct bi_fd_watch *w)
+{
+    w->stopping = true;
+    w->waiter = bi_co_self();
+    cancel_armed(w);
+    while (w->armed_in || w->armed_out) {
+        if (w->waiter) {
+            bi_co_yield();
+        } else {
+            bi_loop_run_once(true);
+        }
+    }
+    w->waiter = NULL;
 }
 
 /* ---------------------------------------------------------------- bi_run_co */

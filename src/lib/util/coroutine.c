@@ -9,7 +9,6 @@
  * which stack is live.
  */
 #include "util/coroutine.h"
-#include "io/aio.h"
 #include "util/util.h"
 
 #include <setjmp.h>
@@ -176,6 +175,8 @@ void bi_co_enter(bi_co *co)
     jmp_buf here;
     void *fake = NULL;
 
+    if (co->done)
+        abort(); /* a finished coroutine was woken: a stale pointer */
     co->caller = &here;
     co->prev_current = current;
     co->scheduled = false;
@@ -207,12 +208,25 @@ bi_co *bi_co_self(void)
     return current;
 }
 
+static bi_co_wake_hook *wake_hook;
+
+void bi_co_set_wake_hook(bi_co_wake_hook *hook)
+{
+    wake_hook = hook;
+}
+
 void bi_co_wake(bi_co *co)
 {
-    if (co->scheduled)
+    /* Already queued; or running: every wait re-checks its condition
+     * before it yields, and queueing a running coroutine would enter it
+     * again after it has finished (a completion that fires inside the
+     * call that issued it, as libnbd's may). */
+    if (co->scheduled || co == current)
         return;
     co->scheduled = true;
-    bi_loop_schedule_co(co);
+    if (!wake_hook)
+        abort(); /* no event loop registered: nothing could enter co */
+    wake_hook(co);
 }
 
 void bi_co_queue_init(bi_co_queue *q)

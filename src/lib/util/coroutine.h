@@ -29,8 +29,13 @@ static inline bool bi_in_co(void)
 }
 
 /* Schedules co to be entered from the event loop (safe from anywhere in
- * the block-layer thread, including from another coroutine). */
+ * the block-layer thread, including from another coroutine). Waking the
+ * running coroutine does nothing: waits loop on their condition. */
 void bi_co_wake(bi_co *co);
+/* The event loop registers how a woken coroutine is queued for it (util
+ * depends on nothing above it; src/lib/io/loop.c sets this at load). */
+typedef void bi_co_wake_hook(bi_co *co);
+void bi_co_set_wake_hook(bi_co_wake_hook *hook);
 
 /* A FIFO of waiting coroutines. */
 struct bi_co_waiter {
