@@ -98,6 +98,12 @@ struct bi_open_opts {
     /* Driver options as key=value (QEMU dotted keys without the driver
      * prefix, e.g. "l2-cache-size"), NULL-terminated; may be NULL. */
     const char *const *driver_opts;
+    /* Options of the protocol node under the format (QEMU's "file.*" keys
+     * without the prefix, or the keys of a protocol opened as the image),
+     * key=value, NULL-terminated; "driver=NAME" picks the protocol (e.g.
+     * "driver=nbd", "server.type=unix", "server.path=/run/s.sock",
+     * "export=disk"). With them the file name may be NULL. */
+    const char *const *protocol_opts;
 };
 BI_EXPORT void bi_open_opts_init(struct bi_open_opts *o);
 
@@ -128,6 +134,7 @@ enum bi_limit_source {
     BI_SRC_FALLBACK, /* nothing said; max(4096, page size) */
     BI_SRC_CHILD,    /* inherited from the child node */
     BI_SRC_DRIVER,   /* the driver's own requirement */
+    BI_SRC_SERVER,   /* the server's block-size constraints (NBD) */
 };
 BI_EXPORT const char *bi_limit_source_name(enum bi_limit_source s);
 
@@ -139,6 +146,10 @@ struct bi_limits {
     enum bi_limit_source mem_alignment_source;
     uint64_t max_transfer; /* bytes per I/O; 0 = no limit */
     uint32_t max_iov;      /* iovec entries per I/O */
+    /* Preferred request size and alignment: smaller or misaligned writes
+     * cost the storage a read-modify-write (an NBD server's preferred
+     * block size). 0 = none stated. */
+    uint32_t opt_transfer;
 };
 BI_EXPORT const struct bi_limits *bi_node_limits(const bi_node *n);
 
@@ -393,6 +404,14 @@ struct bi_image_info {
 BI_EXPORT int bi_get_info(bi_node *n, struct bi_image_info *info,
                           bi_error *err);
 BI_EXPORT void bi_info_free(struct bi_image_info *info);
+
+/* ---------------------------------------------------------------- objects */
+
+/* Defines an object as qemu-img's --object does ("tls-creds-psk,id=tls0,
+ * dir=/path,endpoint=client"): TLS credentials that image options name
+ * with tls-creds=ID. The credential files are checked now, as QEMU does.
+ * Returns 0, or -errno with err set (QEMU's wording). */
+BI_EXPORT int bi_object_add(const char *def, bi_error *err);
 
 /* ------------------------------------------------------------ utilities */
 

@@ -57,6 +57,7 @@ enum bi_map_flags {
 };
 
 struct bi_check_result; /* blkimg/qcow2.h */
+struct bi_optlist;      /* util/util.h */
 struct bi_snapshot_info;
 struct bi_bitmap_info;
 struct bi_measure; /* blkimg/convert.h */
@@ -81,6 +82,10 @@ struct bi_geometry {
  * the host node's status (QEMU's BDRV_BLOCK_RECURSE; qcow2 sets it for
  * metadata-preallocated images). */
 #define BI_BS_RECURSE (1u << 16)
+/* co_block_status of protocols only: the run reads as zeroes but is not
+ * allocated in the storage's own view (an NBD server's allocation depth
+ * 0), so the generic layer does not call it allocated. */
+#define BI_BS_NOT_ALLOCATED (1u << 17)
 
 /* Internal snapshots (blkimg/image_ops.h). The co_* calls run in a
  * coroutine; errors carry QEMU's words. */
@@ -223,7 +228,53 @@ struct bi_driver {
                  bi_amend_status_cb *cb, void *opaque, bi_error *err);
     const struct bi_snapshot_ops *snapshot; /* NULL: no snapshots */
     const struct bi_bitmap_ops *bitmap;     /* NULL: no bitmaps */
+
+    /* ---- Protocols: how they are named, locked and copied between ---- */
+    /* The prefixes of the file names this protocol opens, NULL-terminated
+     * (QEMU's protocol_name: "nbd" takes "nbd:..." and "nbd://..."). A
+     * name without a known prefix is a local file. */
+    const char *const *prefixes;
+    /* Turns a file name carrying one of the prefixes into the driver's
+     * options, the keys --image-opts (and json:) give, appended to opts.
+     * Returns 0 or -errno with err set (QEMU's wording). */
+    int (*parse_filename)(const char *filename, struct bi_optlist *opts,
+                          bi_error *err);
+    /* Image locking: the node holds perm and shares shared (BI_PERM_*
+     * bits, QEMU's numbering). NULL: the protocol has no locks. */
+    int (*set_perm)(bi_node *n, unsigned perm, unsigned shared, bi_error *err);
+    /* Copy offload: copies len bytes from off of this node to dst_off of
+     * dst (a node of the same driver) without moving them through memory.
+     * -ENOTSUP (or another error) when it cannot: the caller copies them
+     * itself. NULL: never. */
+    int (*co_copy_range)(bi_node *n, uint64_t off, bi_node *dst,
+                         uint64_t dst_off, uint64_t len);
 };
+
+/* Permission bits, numbered as QEMU 7.2 numbers them (its lock bytes are
+ * 100 + bit held, 200 + bit not shared). */
+enum {
+    BI_PERM_CONSISTENT_READ = 0x01,
+    BI_PERM_WRITE = 0x02,
+    BI_PERM_WRITE_UNCHANGED = 0x04,
+    BI_PERM_RESIZE = 0x08,
+    BI_PERM_ALL = 0x0f,
+};
+/* Asks n's protocol driver to hold perm and share shared (no-op, 0, for a
+ * protocol without locks). 0 or -errno with err set. */
+int bi_node_set_perm(bi_node *n, unsigned perm, unsigned shared, bi_error *err);
+/* Copy offload between two protocol nodes of one driver (co_copy_range);
+ * -ENOTSUP when they cannot. In a coroutine. */
+int bi_co_copy_range(bi_node *src, uint64_t off, bi_node *dst, uint64_t dst_off,
+                     uint64_t len);
+/* The protocol driver that opens filename: the one whose prefix it
+ * carries, else file. */
+const struct bi_driver *bi_protocol_for(const char *filename);
+/* Creates the protocol-level file of a new image (raw, qcow2's header
+ * file, data files) with its protocol: file creates it; a protocol that
+ * cannot create (nbd) opens the existing storage, checks that it holds
+ * o->size bytes and zeroes its first sector, as QEMU's fallback does. */
+int bi_create_file(const char *filename, const struct bi_create_opts *o,
+                   bi_error *err);
 
 /* A write (or RMW) in flight, for overlap serialisation. */
 struct bi_tracked_req {

@@ -48,11 +48,6 @@ enum err_kind {
     EK_READ_NEW
 };
 
-struct cv_fd {
-    bi_node *node;
-    int fd;
-};
-
 struct cv_cursor {
     uint64_t pos;         /* next offset to hand out */
     uint64_t status_end;  /* end of the cached status run */
@@ -115,10 +110,7 @@ struct cv_state {
     void *zero_buf;
     uint64_t mem_align;
 
-    bool copy_range;
-    int dst_fd;
-    struct cv_fd fds[8];
-    int n_fds;
+    bool copy_range; /* -C: offload through the protocol driver */
 
     /* commit and rebase */
     uint64_t gran;               /* commit: dirty granularity */
@@ -713,72 +705,18 @@ static bool run_is_data_min(const uint8_t *buf, uint64_t len, uint64_t off,
     return true;
 }
 
-struct cfr_arg {
-    int in_fd, out_fd;
-    uint64_t in_off, out_off, len;
-};
-
-static int cfr_fn(void *opaque)
-{
-    struct cfr_arg *a = opaque;
-    loff_t in = (loff_t)a->in_off, out = (loff_t)a->out_off;
-    uint64_t left = a->len;
-    while (left) {
-        ssize_t r = copy_file_range(a->in_fd, &in, a->out_fd, &out, left, 0);
-        if (r < 0) {
-            if (errno == EINTR) {
-                continue;
-            }
-            return -errno;
-        }
-        if (r == 0) {
-            return -EIO;
-        }
-        left -= (uint64_t)r;
-    }
-    return 0;
-}
-
-static int fd_for(struct cv_state *s, bi_node *file)
-{
-    for (int i = 0; i < s->n_fds; i++) {
-        if (s->fds[i].node == file) {
-            return s->fds[i].fd;
-        }
-    }
-    if (s->n_fds == (int)BI_ARRAY_SIZE(s->fds)) {
-        return -1;
-    }
-    int fd = open(bi_node_filename(file), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        return -1;
-    }
-    s->fds[s->n_fds].node = file;
-    s->fds[s->n_fds].fd = fd;
-    s->n_fds++;
-    return fd;
-}
-
-/* Copy offload of a data chunk; false if it could not be used (the caller
- * copies normally then, and offload is not tried again). */
+/* Copy offload of a data chunk through the protocol driver (the source
+ * run's host node to the destination's protocol node, both the same
+ * driver); false if it could not be used (the caller copies normally then,
+ * and offload is not tried again). */
 static bool try_copy_range(struct cv_state *s, const struct chunk *ch)
 {
     if (!s->copy_range || !ch->host_valid || !ch->host_file ||
         !ch->host_file->drv || !ch->host_file->drv->is_protocol) {
         return false;
     }
-    int in_fd = fd_for(s, ch->host_file);
-    if (in_fd < 0) {
-        s->copy_range = false;
-        return false;
-    }
-    struct cfr_arg a = {.in_fd = in_fd,
-                        .out_fd = s->dst_fd,
-                        .in_off = ch->host_off,
-                        .out_off = ch->off,
-                        .len = ch->len};
-    int ret = bi_run_in_thread(cfr_fn, &a);
-    if (ret < 0) {
+    if (bi_co_copy_range(ch->host_file, ch->host_off, bi_node_file(s->dst),
+                         ch->off, ch->len) < 0) {
         s->copy_range = false;
         return false;
     }
@@ -1319,7 +1257,6 @@ int bi_convert(const struct bi_convert_opts *o, bi_error *err)
     s.src = o->src;
     s.n_src = o->n_src;
     s.dst = o->dst;
-    s.dst_fd = -1;
     if (o->n_src < 1 || !o->dst) {
         bi_error_set(err, EINVAL, "Nothing to convert");
         return -EINVAL;
@@ -1400,12 +1337,8 @@ int bi_convert(const struct bi_convert_opts *o, bi_error *err)
         }
     }
 
-    if (o->copy_range && !o->compress && bi_node_file(o->dst) &&
-        o->dst->drv->identity_map) {
-        s.dst_fd =
-            open(bi_node_filename(bi_node_file(o->dst)), O_WRONLY | O_CLOEXEC);
-        s.copy_range = s.dst_fd >= 0;
-    }
+    s.copy_range = o->copy_range && !o->compress && bi_node_file(o->dst) &&
+                   bi_node_file(o->dst) != o->dst && o->dst->drv->identity_map;
 
     if (!s.min_sparse) {
         s.zero_buf = bi_alloc_aligned(s.mem_align, s.buf_size);
@@ -1424,13 +1357,6 @@ int bi_convert(const struct bi_convert_opts *o, bi_error *err)
     ret = bi_run_co(convert_co, &s);
     if (s.ret < 0) {
         ret = s.ret;
-    }
-    if (ret == 0 && s.dst_fd >= 0 && o->flush) {
-        if (fdatasync(s.dst_fd) < 0) {
-            ret = -errno;
-            s.ekind = EK_WRITE;
-            s.eoff = s.total;
-        }
     }
     if (ret < 0 && o->mode == BI_COPY_REBASE) {
         /* qemu-img rebase's messages */
@@ -1485,12 +1411,6 @@ out:
         struct pend *p = s.pend;
         s.pend = p->next;
         free(p);
-    }
-    for (int i = 0; i < s.n_fds; i++) {
-        close(s.fds[i].fd);
-    }
-    if (s.dst_fd >= 0) {
-        close(s.dst_fd);
     }
     bi_free_aligned(s.zero_buf);
     free(s.src_start);

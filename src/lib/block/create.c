@@ -185,22 +185,71 @@ static int check_generic(const struct bi_driver *drv,
 }
 
 /* Prepares the file with the protocol's options, then has the format
- * driver create the image; a file that did not exist before is removed
- * again on failure. */
+ * driver create the image; a local file that did not exist before is
+ * removed again on failure (an export of a network protocol is not ours
+ * to remove, and takes no preparation). */
 static int create_file(const char *filename, const struct bi_driver *drv,
                        const struct bi_create_opts *co, char **proto_opts,
                        bi_error *err)
 {
-    const struct bi_driver *p = bi_create_protocol();
-    bool existed = access(filename, F_OK) == 0;
+    const struct bi_driver *p = bi_protocol_for(filename);
+    bool local = p == bi_create_protocol();
+    bool existed = !local || access(filename, F_OK) == 0;
     int ret = 0;
-    if (p && p->create_prepare)
+    if (local && p->create_prepare)
         ret = p->create_prepare(filename, (const char *const *)proto_opts, err);
     if (ret == 0)
         ret = drv->create(filename, co, err);
     if (ret < 0 && !existed)
         unlink(filename);
     return ret;
+}
+
+/* QEMU's fallback for protocols that cannot create (nbd): the storage
+ * must exist and hold the size; its first sector is zeroed so that no old
+ * header is probed. Returns 0 or -errno with err set. */
+static int create_by_opening(const struct bi_driver *drv, const char *filename,
+                             const struct bi_create_opts *o, bi_error *err)
+{
+    struct bi_open_opts oo;
+    bi_error local;
+    int ret;
+
+    if (o->prealloc != BI_PREALLOC_OFF) {
+        bi_error_set(err, 0, "Unsupported preallocation mode '%s'",
+                     bi_prealloc_name(o->prealloc));
+        return -ENOTSUP;
+    }
+    bi_open_opts_init(&oo);
+    oo.read_write = true;
+    bi_error_init(&local);
+    bi_node *n = bi_open_protocol(filename, &oo, &local);
+    if (!n) {
+        bi_error_set(err, 0,
+                     "Protocol driver '%s' does not support image creation, "
+                     "and opening the image failed: %s",
+                     drv->name, local.msg);
+        return local.code ? local.code : -EIO;
+    }
+    ret = bi_truncate(n, o->size, false, BI_PREALLOC_OFF, err);
+    if (ret == 0 && o->size) {
+        ret = bi_pwrite_zeroes(n, 0, BI_MIN(o->size, 512), BI_REQ_MAY_UNMAP);
+        if (ret < 0)
+            bi_error_set(err, -ret,
+                         "Failed to clear the new image's first sector");
+    }
+    int cret = bi_close(n, ret < 0 ? NULL : err);
+    return ret < 0 ? ret : cret;
+}
+
+int bi_create_file(const char *filename, const struct bi_create_opts *o,
+                   bi_error *err)
+{
+    const struct bi_driver *drv = bi_protocol_for(filename);
+
+    if (drv->create)
+        return drv->create(filename, o, err);
+    return create_by_opening(drv, filename, o, err);
 }
 
 int bi_create(const char *filename, const struct bi_create_opts *o,

@@ -548,6 +548,21 @@ int bi_co_flush(bi_node *n)
     return ret;
 }
 
+int bi_co_copy_range(bi_node *src, uint64_t off, bi_node *dst, uint64_t dst_off,
+                     uint64_t len)
+{
+    if (dst->read_only)
+        return -EPERM;
+    if (!src->drv->is_protocol || src->drv != dst->drv ||
+        !src->drv->co_copy_range)
+        return -ENOTSUP;
+    struct bi_tracked_req req;
+    track_begin(dst, &req, dst_off, dst_off + len, false);
+    int ret = src->drv->co_copy_range(src, off, dst, dst_off, len);
+    track_end(&req);
+    return ret;
+}
+
 int bi_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
                             uint64_t len)
 {

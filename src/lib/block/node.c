@@ -3,7 +3,6 @@
  * chains, and the accessors the tools use. */
 #include "block/block.h"
 #include "io/aio.h"
-#include "protocol/file.h"
 #include "util/util.h"
 
 #include <errno.h>
@@ -71,17 +70,115 @@ static void default_limits(bi_node *n)
         l->opt_mem_alignment = l->min_mem_alignment;
 }
 
+const struct bi_driver *bi_protocol_for(const char *filename)
+{
+    size_t plen = filename ? strcspn(filename, ":/") : 0;
+
+    if (!filename || filename[plen] != ':')
+        return bi_create_protocol(); /* local files */
+    const struct bi_driver *d;
+    for (int i = 0; (d = bi_driver_at(i)); i++) {
+        for (const char *const *p = d->prefixes; p && *p; p++)
+            if (strlen(*p) == plen && !strncmp(*p, filename, plen))
+                return d;
+    }
+    return bi_create_protocol();
+}
+
+/* The protocol driver the open options name ("driver=NAME" among
+ * protocol_opts), else the one filename's prefix names. NULL with err set
+ * for a driver that is no protocol. */
+static const struct bi_driver *choose_protocol(const char *filename,
+                                               const struct bi_open_opts *o,
+                                               bi_error *err)
+{
+    const char *name = NULL;
+
+    for (const char *const *p = o->protocol_opts; p && *p; p++)
+        if (!strncmp(*p, "driver=", 7))
+            name = *p + 7;
+    if (!name)
+        return bi_protocol_for(filename);
+    const struct bi_driver *drv = bi_driver_find(name);
+    if (!drv || !drv->is_protocol) {
+        bi_error_set(err, 0, "Unknown protocol '%s'", name);
+        return NULL;
+    }
+    return drv;
+}
+
+/* The options a protocol driver opens with: what its file name says (for
+ * a name with its prefix), then protocol_opts, later keys winning. The
+ * strings of *out are owned by *l. */
+static int protocol_options(const struct bi_driver *drv, const char *filename,
+                            const struct bi_open_opts *o, struct bi_optlist *l,
+                            char ***out, bi_error *err)
+{
+    if (filename && drv->parse_filename && bi_protocol_for(filename) == drv) {
+        int ret = drv->parse_filename(filename, l, err);
+        if (ret < 0)
+            return ret;
+    }
+    for (const char *const *p = o->protocol_opts; p && *p; p++) {
+        if (!strncmp(*p, "driver=", 7))
+            continue;
+        if (bi_optlist_parse(l, *p) < 0) {
+            bi_error_set(err, 0, "Invalid parameter '%s'", *p);
+            return -EINVAL;
+        }
+    }
+    *out = bi_xzalloc(sizeof(char *) * (size_t)(l->n + 1));
+    for (int i = 0; i < l->n; i++)
+        (*out)[i] = bi_xasprintf("%s=%s", l->v[i].key,
+                                 l->v[i].value ? l->v[i].value : "on");
+    return 0;
+}
+
+static void free_strv(char **v)
+{
+    for (char **p = v; p && *p; p++)
+        free(*p);
+    free(v);
+}
+
 bi_node *bi_open_protocol(const char *filename, const struct bi_open_opts *o,
                           bi_error *err)
 {
-    bi_node *n = node_alloc(&bi_drv_file, filename, o);
-    int ret = n->drv->open(n, o, err);
-    if (ret < 0) {
-        bi_node_free(n);
+    const struct bi_driver *drv = choose_protocol(filename, o, err);
+    if (!drv)
+        return NULL;
+    if (!drv->prefixes && !filename) {
+        bi_error_set(err, 0, "The '%s' block driver requires a file name",
+                     drv->name);
         return NULL;
     }
-    default_limits(n);
+    struct bi_optlist l = {0};
+    char **keys = NULL;
+    int ret = protocol_options(drv, filename, o, &l, &keys, err);
+    struct bi_open_opts po = *o;
+    po.protocol_opts = (const char *const *)keys;
+    bi_node *n = NULL;
+    if (ret == 0) {
+        n = node_alloc(drv, filename ? filename : drv->name, &po);
+        n->opts.protocol_opts = NULL; /* not kept past open */
+        ret = n->drv->open(n, &po, err);
+        if (ret < 0) {
+            bi_node_free(n);
+            n = NULL;
+        }
+    }
+    bi_optlist_free(&l);
+    free_strv(keys);
+    if (n)
+        default_limits(n);
     return n;
+}
+
+int bi_node_set_perm(bi_node *n, unsigned perm, unsigned shared, bi_error *err)
+{
+    if (!n || !n->drv->set_perm)
+        return 0;
+    return n->drv->set_perm(n, perm, shared, err);
 }
 
 static void close_graph(bi_node *n)
@@ -162,6 +259,7 @@ static int open_backing(bi_node *n, const struct bi_open_opts *o, int depth,
     bo.quiet_probe = true;
     bo.named_by_options = false; /* QEMU probes a backing file by name */
     bo.driver_opts = NULL;
+    bo.protocol_opts = NULL;
     bi_error berr;
     bi_error_init(&berr);
     n->backing =
@@ -240,17 +338,41 @@ static bi_node *open_format(const char *filename, const char *format,
         if (refuse_unopenable(drv, filename, depth, err) < 0)
             return NULL;
     }
+    struct bi_open_opts fo = *o;
+    if (drv && drv->is_protocol) {
+        /* -f file, driver=nbd: the protocol node is the image. */
+        const char *name = bi_xasprintf("driver=%s", drv->name);
+        const char **popts = bi_xzalloc(sizeof(char *));
+        size_t np = 0;
+        popts[np++] = name;
+        for (const char *const *p = o->protocol_opts; p && *p; p++) {
+            popts = realloc(popts, sizeof(char *) * (np + 2));
+            if (!popts)
+                abort();
+            popts[np++] = *p;
+        }
+        popts = realloc(popts, sizeof(char *) * (np + 1));
+        if (!popts)
+            abort();
+        popts[np] = NULL;
+        fo.protocol_opts = popts;
+        bi_node *file = bi_open_protocol(filename, &fo, err);
+        free((char *)name);
+        free(popts);
+        if (file) /* sized in sectors, as QEMU sizes block nodes */
+            file->size = bi_align_up(file->size, SECTOR);
+        return file;
+    }
     bi_node *file = bi_open_protocol(filename, o, err);
     if (!file)
         return NULL;
-    if (drv == &bi_drv_file) {
-        /* -f file: the protocol node is the image, sized in sectors. */
-        file->size = bi_align_up(file->size, SECTOR);
-        return file;
-    }
+    if (!filename)
+        filename = file->filename; /* named by options: the canonical name */
 
     char real[PATH_MAX];
-    chain[depth] = realpath(filename, real) ? bi_xstrdup(real) : NULL;
+    chain[depth] = !file->drv->prefixes && realpath(filename, real)
+                       ? bi_xstrdup(real)
+                       : NULL;
 
     bool probed = false;
     if (!drv) {
@@ -265,7 +387,7 @@ static bi_node *open_format(const char *filename, const char *format,
     /* Image locking as QEMU 7.2: a format with metadata forbids other
      * writers (and resizers) of its file; raw shares what its user shares. */
     if (!drv->identity_map &&
-        bi_file_set_perm(
+        bi_node_set_perm(
             file,
             BI_PERM_CONSISTENT_READ |
                 (o->read_write ? BI_PERM_WRITE | BI_PERM_RESIZE : 0),
@@ -328,7 +450,8 @@ bi_node *bi_open(const char *filename, const struct bi_open_opts *o,
     bi_node *n = bi_open_node(filename, o->format, o, &local);
     if (!n) {
         /* qemu-img: "Could not open 'x': <cause>" */
-        bi_error_set(err, 0, "Could not open '%s': %s", filename, local.msg);
+        bi_error_set(err, 0, "Could not open '%s': %s",
+                     filename ? filename : "", local.msg);
         if (err)
             err->code = local.code ? local.code : -EIO;
     }
@@ -465,6 +588,8 @@ const char *bi_limit_source_name(enum bi_limit_source s)
         return "child";
     case BI_SRC_DRIVER:
         return "driver";
+    case BI_SRC_SERVER:
+        return "server";
     default:
         return "none";
     }

@@ -63,8 +63,10 @@ int bi_co_block_status(bi_node *n, uint64_t off, uint64_t len,
         return ret;
     if (st->len == 0 || st->len > len)
         st->len = len;
-    if (st->flags & (BI_BS_DATA | BI_BS_ZERO))
+    if ((st->flags & (BI_BS_DATA | BI_BS_ZERO)) &&
+        !(st->flags & BI_BS_NOT_ALLOCATED))
         st->flags |= BI_BS_ALLOCATED;
+    st->flags &= ~BI_BS_NOT_ALLOCATED;
 
     if (n->drv->is_protocol)
         return 0;

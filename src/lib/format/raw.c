@@ -100,7 +100,7 @@ static int raw_create(const char *filename, const struct bi_create_opts *o,
                      "'raw'");
         return -ENOTSUP;
     }
-    return bi_drv_file.create(filename, o, err);
+    return bi_create_file(filename, o, err);
 }
 
 /* qemu-img measure: the virtual size, required and fully allocated alike

@@ -293,14 +293,12 @@ static void file_close(bi_node *n)
     s->fd = -1;
 }
 
-int bi_file_set_perm(bi_node *n, unsigned perm, unsigned shared, bi_error *err)
+/* Image locking (bi_driver.set_perm): QEMU's lock bytes on the fd. */
+static int file_set_perm(bi_node *n, unsigned perm, unsigned shared,
+                         bi_error *err)
 {
-    struct file_state *s;
+    struct file_state *s = n->opaque;
 
-    if (!n || n->drv != &bi_drv_file) {
-        return 0;
-    }
-    s = n->opaque;
     if (!s->use_lock || s->fd < 0) {
         return 0;
     }
@@ -438,6 +436,66 @@ static int file_co_pwritev(bi_node *n, uint64_t off, uint64_t len,
 static int file_co_flush(bi_node *n)
 {
     return file_flush_fd(n);
+}
+
+/* ------------------------------------------------------ copy offload */
+
+struct cfr_arg {
+    int in_fd, out_fd;
+    uint64_t in_off, out_off, len;
+};
+
+/* copy_file_range until len bytes moved (worker thread). */
+static int cfr_work(void *opaque)
+{
+    struct cfr_arg *a = opaque;
+    loff_t in = (loff_t)a->in_off, out = (loff_t)a->out_off;
+    uint64_t left = a->len;
+
+    while (left) {
+        ssize_t r = copy_file_range(a->in_fd, &in, a->out_fd, &out, left, 0);
+        if (r < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            return -errno;
+        }
+        if (r == 0) {
+            return -EIO; /* source shorter than asked: copy it normally */
+        }
+        left -= (uint64_t)r;
+    }
+    return 0;
+}
+
+/* Copies [off, off+len) of n to dst_off of dst (another file node) with
+ * copy_file_range on the nodes' own descriptors, so the destination's
+ * locks, cache mode and flush state stay the driver's: a writethrough
+ * destination is flushed after the copy, as its writes would be. Returns
+ * 0 or -errno (the caller then copies through memory). */
+static int file_co_copy_range(bi_node *n, uint64_t off, bi_node *dst,
+                              uint64_t dst_off, uint64_t len)
+{
+    struct file_state *s = n->opaque, *d = dst->opaque;
+    struct cfr_arg a = {.in_fd = s->fd,
+                        .out_fd = d->fd,
+                        .in_off = off,
+                        .out_off = dst_off,
+                        .len = len};
+    int ret;
+
+    if (dst->drv != n->drv || dst->read_only) {
+        return -ENOTSUP;
+    }
+    ret = run_work(cfr_work, &a);
+    if (ret < 0) {
+        return ret;
+    }
+    bi_stats_io(dst, 0, len);
+    if (!d->is_blk && dst_off + len > dst->size) {
+        dst->size = dst_off + len;
+    }
+    return d->dsync ? file_flush_fd(dst) : 0;
 }
 
 /* ------------------------------------------------- zeroes and discard */
@@ -1084,4 +1142,6 @@ const struct bi_driver bi_drv_file = {
     .co_block_status = file_co_block_status,
     .get_allocated_file_size = file_get_allocated_file_size,
     .storage_info = file_storage_info,
+    .set_perm = file_set_perm,
+    .co_copy_range = file_co_copy_range,
 };

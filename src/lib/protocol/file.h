@@ -86,16 +86,6 @@ const char *bi_file_fs_name(long f_type);
 
 /* ------------------------------------------------------------ locking */
 
-/* Permission bits, numbered as QEMU 7.2 numbers them for its lock bytes
- * (byte 100 + bit held, byte 200 + bit not shared). */
-enum {
-    BI_PERM_CONSISTENT_READ = 0x01,
-    BI_PERM_WRITE = 0x02,
-    BI_PERM_WRITE_UNCHANGED = 0x04,
-    BI_PERM_RESIZE = 0x08,
-    BI_PERM_ALL = 0x0f,
-};
-
 struct bi_file_lock {
     unsigned perm;            /* current permissions */
     unsigned shared;          /* current shared permissions */
@@ -114,17 +104,5 @@ int bi_file_lock_set(int fd, struct bi_file_lock *lk, unsigned perm,
 void bi_file_lock_release(int fd, struct bi_file_lock *lk);
 /* "consistent read", "write", ... for one bit. */
 const char *bi_file_perm_name(unsigned bit);
-
-/*
- * For the block layer: the permissions a file node holds. A file node
- * opened by bi_open_protocol() holds consistent-read (+ write when
- * read-write) and shares everything, as a raw image does in QEMU. A format
- * with metadata (qcow2) calls this after open with
- *   perm  = CONSISTENT_READ | (rw ? WRITE | RESIZE : 0)
- *   shared = ALL & ~(WRITE | RESIZE)
- * to forbid other writers, as QEMU does. Ignored (0) when the node was opened
- * with force_share (shared becomes ALL) or no_lock, or for other drivers.
- */
-int bi_file_set_perm(bi_node *n, unsigned perm, unsigned shared, bi_error *err);
 
 #endif

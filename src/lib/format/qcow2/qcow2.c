@@ -737,6 +737,7 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
         if (o)
             dopts = *o;
         dopts.format = NULL;
+        dopts.protocol_opts = NULL; /* the data file is local */
         dopts.read_write = !n->read_only;
         s->data_file = bi_open_protocol(path, &dopts, err);
         free(path);

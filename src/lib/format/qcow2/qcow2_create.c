@@ -489,7 +489,7 @@ static int write_image(const char *filename, const struct qc_create *c,
     fco.format = "file";
     fco.size = 0;
     fco.size_set = true;
-    ret = bi_drv_file.create(filename, &fco, err);
+    ret = bi_create_file(filename, &fco, err);
     if (ret < 0)
         return ret;
     bi_node *f = bi_open_protocol(filename, &oo, err);
@@ -656,7 +656,7 @@ int qcow2_create(const char *filename, const struct bi_create_opts *o,
         dco.size_set = true;
         dco.prealloc =
             c.prealloc == BI_PREALLOC_METADATA ? BI_PREALLOC_OFF : c.prealloc;
-        ret = bi_drv_file.create(dpath, &dco, err);
+        ret = bi_create_file(dpath, &dco, err);
         free(dpath);
         if (ret < 0)
             goto out;
