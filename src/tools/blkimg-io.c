@@ -65,7 +65,7 @@ static void usage(const char *name)
            "  -h, --help           display this help and exit\n"
            "  -V, --version        output version information and exit\n"
            "\n"
-           "Not supported: -T (--trace), --object.\n"
+           "Not supported: -T (--trace).\n"
            "\n"
            "See '%s -c help' for information on available commands.\n",
            name);
@@ -234,9 +234,15 @@ int main(int argc, char **argv)
         case 'T':
             io_error_report("tracing (-T) is not supported");
             exit(1);
-        case OPTION_OBJECT:
-            io_error_report("--object is not supported");
-            exit(1);
+        case OPTION_OBJECT: {
+            bi_error oerr;
+            bi_error_init(&oerr);
+            if (bi_object_add(optarg, &oerr) < 0) {
+                io_error_report("%s", oerr.msg);
+                exit(1);
+            }
+            break;
+        }
         case 'n':
             req.nocache = true;
             req.writethrough = false;

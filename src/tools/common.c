@@ -143,17 +143,51 @@ void tool_image_init(struct tool_image *ti)
     ti->cache = BI_CACHE_WRITEBACK;
 }
 
+static void strv_free(char **v, int n)
+{
+    for (int i = 0; v && i < n; i++) {
+        free(v[i]);
+    }
+    free(v);
+}
+
+/* Appends item (taken) to the NULL-terminated list *v of *n items. */
+static void strv_push(char ***v, int *n, char *item)
+{
+    *v = realloc(*v, sizeof(char *) * (size_t)(*n + 2));
+    if (!*v) {
+        abort();
+    }
+    (*v)[(*n)++] = item;
+    (*v)[*n] = NULL;
+}
+
 void tool_image_opts_free(struct tool_image_opts *io)
 {
     free(io->driver);
     free(io->filename);
-    if (io->driver_opts) {
-        for (int i = 0; i < io->n_driver_opts; i++) {
-            free(io->driver_opts[i]);
-        }
-        free(io->driver_opts);
-    }
+    strv_free(io->driver_opts, io->n_driver_opts);
+    strv_free(io->protocol_opts, io->n_protocol_opts);
     memset(io, 0, sizeof(*io));
+}
+
+/* A protocol driver other than file (nbd). */
+static bool other_protocol(const char *name)
+{
+    int caps = bi_format_caps(name);
+    return caps >= 0 && (caps & BI_FORMAT_PROTOCOL) && strcmp(name, "file");
+}
+
+int tool_object_add(const char *def)
+{
+    bi_error err;
+
+    bi_error_init(&err);
+    if (bi_object_add(def, &err) < 0) {
+        tool_report(&err);
+        return -1;
+    }
+    return 0;
 }
 
 /* QEMU's boolean option values. */
@@ -180,6 +214,9 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
     bool first = true;
     bool file_is_ref = false, file_given = false;
     char *file_ref = NULL, *plain_filename = NULL;
+    char *file_protocol = NULL; /* file.driver naming nbd */
+    char **file_keys = NULL;    /* other file.* keys, "k=v" */
+    int n_file_keys = 0;
 
     memset(io, 0, sizeof(*io));
     io->driver_opts = bi_xzalloc(sizeof(char *));
@@ -260,7 +297,11 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
             file_given = true;
         } else if (!strcmp(key, "file.driver")) {
             file_given = true;
-            if (strcmp(val, "file")) {
+            if (other_protocol(val)) {
+                free(file_protocol);
+                file_protocol = val;
+                val = NULL;
+            } else if (strcmp(val, "file")) {
                 snprintf(errbuf, errlen, "Unknown driver '%s'", val);
                 bad = 1;
             }
@@ -293,10 +334,9 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
                 bad = 1;
             }
         } else if (!strncmp(key, "file.", 5)) {
-            snprintf(errbuf, errlen,
-                     "Block protocol 'file' doesn't support the option '%s'",
-                     key + 5);
-            bad = 1;
+            /* the protocol's key: checked once file.driver is known */
+            strv_push(&file_keys, &n_file_keys,
+                      bi_xasprintf("%s=%s", key + 5, val));
         } else {
             io->driver_opts = realloc(io->driver_opts,
                                       sizeof(char *) * (io->n_driver_opts + 2));
@@ -320,6 +360,41 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
     if (!io->driver && !file_given) {
         snprintf(errbuf, errlen, "Must specify either driver or file");
         goto fail;
+    }
+    if (file_keys && !file_protocol) {
+        const char *eq = strchr(file_keys[0], '=');
+        snprintf(errbuf, errlen,
+                 "Block protocol 'file' doesn't support the option '%.*s'",
+                 (int)(eq - file_keys[0]), file_keys[0]);
+        goto fail;
+    }
+    if (file_protocol || (io->driver && other_protocol(io->driver))) {
+        /* nbd: its keys go to the protocol; the name may be absent */
+        const char *proto = file_protocol ? file_protocol : io->driver;
+        char **keys = file_protocol ? file_keys : io->driver_opts;
+        int nk = file_protocol ? n_file_keys : io->n_driver_opts;
+        strv_push(&io->protocol_opts, &io->n_protocol_opts,
+                  bi_xasprintf("driver=%s", proto));
+        for (int i = 0; i < nk; i++) {
+            strv_push(&io->protocol_opts, &io->n_protocol_opts, keys[i]);
+        }
+        free(keys);
+        if (file_protocol) {
+            file_keys = NULL;
+            n_file_keys = 0;
+        } else {
+            io->driver_opts = bi_xzalloc(sizeof(char *));
+            io->n_driver_opts = 0;
+        }
+        if (plain_filename && !io->filename) {
+            io->filename = plain_filename;
+            plain_filename = NULL;
+        }
+        free(file_protocol);
+        file_protocol = NULL;
+        free(file_ref);
+        free(plain_filename);
+        return 0;
     }
     if (io->driver && !strcmp(io->driver, "file")) {
         /* the protocol node itself: "filename" names the file */
@@ -365,6 +440,8 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
 fail:
     free(file_ref);
     free(plain_filename);
+    free(file_protocol);
+    strv_free(file_keys, n_file_keys);
     tool_image_opts_free(io);
     return -EINVAL;
 }
@@ -465,7 +542,7 @@ static int check_driver_opts(const char *driver, char *const *opts,
  * --image-opts qemu names the option string instead. */
 static const char *open_cause(const char *msg, const char *file)
 {
-    char *pre = bi_xasprintf("Could not open '%s': ", file);
+    char *pre = bi_xasprintf("Could not open '%s': ", file ? file : "");
     size_t l = strlen(pre);
     const char *r = strncmp(msg, pre, l) ? msg : msg + l;
     free(pre);
@@ -543,6 +620,7 @@ bi_node *tool_open(struct tool_image *ti)
         }
         o.format = io.driver;
         o.driver_opts = (const char *const *)io.driver_opts;
+        o.protocol_opts = (const char *const *)io.protocol_opts;
         fname = io.filename;
     }
     o.cache = cache;

@@ -79,6 +79,11 @@ struct tool_image_opts {
     enum bi_aio aio;    /* aio / file.aio */
     char **driver_opts; /* other keys "k=v", NULL-terminated */
     int n_driver_opts;
+    /* A protocol other than file (driver=nbd, or file.driver=nbd under a
+     * format): its keys "k=v" (file.* without the prefix), the first
+     * "driver=NAME", NULL-terminated; NULL for file. */
+    char **protocol_opts;
+    int n_protocol_opts;
 };
 /* Parses s; on error prints "<prefix>: ..."-less qemu text (see .c) and
  * returns -EINVAL. */
@@ -97,6 +102,10 @@ char *tool_driver_names(unsigned which, const char *sep, bool sorted);
  * not parse gives -EINVAL and qemu's words in errbuf. */
 int tool_check_driver_opt(const char *driver, const char *kv, char *errbuf,
                           size_t errlen);
+
+/* --object DEF (TLS credentials, as qemu-img takes them): 0, or -1 after
+ * printing qemu-img's error. */
+int tool_object_add(const char *def);
 
 /* Opens an image as qemu-img's img_open(); prints the error and returns
  * NULL on failure. Selects the aio engine when asked. ti->cache is set to

@@ -127,9 +127,11 @@ int img_amend(int argc, char **argv)
             quiet = true;
             break;
         case 256:
-            cv_err("--object is not supported");
-            bi_optlist_free(&opts);
-            return 1;
+            if (tool_object_add(optarg) < 0) {
+                bi_optlist_free(&opts);
+                return 1;
+            }
+            break;
         case 257:
             image_opts = true;
             break;

@@ -134,6 +134,9 @@ int img_bitmap(int argc, char **argv)
             }
             break;
         case 256:
+            if (tool_object_add(optarg) < 0) {
+                return 1;
+            }
             break;
         case 257:
             ti.image_opts = true;

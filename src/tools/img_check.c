@@ -142,6 +142,9 @@ int img_check(int argc, char **argv)
             output = optarg;
             break;
         case 257:
+            if (tool_object_add(optarg) < 0) {
+                return 1;
+            }
             break;
         case 258:
             ti.image_opts = true;

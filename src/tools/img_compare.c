@@ -8,6 +8,7 @@
  */
 #include "blkimg/blkimg.h"
 #include "blkimg/convert.h"
+#include "common.h"
 #include "img.h"
 #include "progress.h"
 #include "util/util.h"
@@ -330,6 +331,7 @@ int img_compare(int argc, char **argv)
     static const struct option long_opts[] = {
         {"help", no_argument, NULL, 'h'},
         {"image-opts", no_argument, NULL, 256},
+        {"object", required_argument, NULL, 300},
         {"force-share", no_argument, NULL, 'U'},
         {NULL, 0, NULL, 0},
     };
@@ -378,6 +380,11 @@ int img_compare(int argc, char **argv)
             break;
         case 'U':
             force_share = true;
+            break;
+        case 300:
+            if (tool_object_add(optarg) < 0) {
+                return 1;
+            }
             break;
         case 256:
             image_opts = true;

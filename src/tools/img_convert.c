@@ -284,6 +284,7 @@ enum {
     OPT_FORCE_SHARE,
     OPT_BITMAPS,
     OPT_SKIP_BROKEN,
+    OPT_OBJECT,
 };
 
 /* What convert's command line asked for. */
@@ -457,6 +458,8 @@ static int parse_option(struct cv_args *a, int c, char **argv)
     case 'U':
         a->force_share = true;
         break;
+    case OPT_OBJECT:
+        return tool_object_add(optarg);
     case OPT_IMAGE_OPTS:
         a->image_opts = true;
         break;
@@ -504,6 +507,7 @@ static int parse_args(int argc, char **argv, struct cv_args *a)
     static const struct option long_opts[] = {
         {"help", no_argument, NULL, 'h'},
         {"image-opts", no_argument, NULL, OPT_IMAGE_OPTS},
+        {"object", required_argument, NULL, OPT_OBJECT},
         {"target-image-opts", no_argument, NULL, OPT_TARGET_IMAGE_OPTS},
         {"target-is-zero", no_argument, NULL, OPT_TARGET_IS_ZERO},
         {"force-share", no_argument, NULL, 'U'},

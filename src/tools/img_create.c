@@ -331,8 +331,10 @@ int img_create(int argc, char **argv)
             unsafe = true;
             break;
         case 'O':
-            tool_error("--object is not supported");
-            goto out;
+            if (tool_object_add(optarg) < 0) {
+                goto out;
+            }
+            break;
         }
     }
 

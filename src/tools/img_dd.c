@@ -7,6 +7,7 @@
  * same bytes, sparser output.
  */
 #include "blkimg/blkimg.h"
+#include "common.h"
 #include "img.h"
 #include "util/util.h"
 
@@ -53,6 +54,7 @@ int img_dd(int argc, char **argv)
     static const struct option long_opts[] = {
         {"help", no_argument, NULL, 'h'},
         {"image-opts", no_argument, NULL, 256},
+        {"object", required_argument, NULL, 300},
         {"force-share", no_argument, NULL, 'U'},
         {NULL, 0, NULL, 0},
     };
@@ -88,6 +90,11 @@ int img_dd(int argc, char **argv)
             break;
         case 'U':
             force_share = true;
+            break;
+        case 300:
+            if (tool_object_add(optarg) < 0) {
+                return 1;
+            }
             break;
         case 256:
             image_opts = true;

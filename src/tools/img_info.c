@@ -217,8 +217,10 @@ int img_info(int argc, char **argv)
             chain = true;
             break;
         case 258:
-            tool_error("--object is not supported");
-            return 1;
+            if (tool_object_add(optarg) < 0) {
+                return 1;
+            }
+            break;
         case 259:
             image_opts = true;
             break;

@@ -228,8 +228,10 @@ int img_map(int argc, char **argv)
             }
             break;
         case 257:
-            tool_error("--object is not supported");
-            return 1;
+            if (tool_object_add(optarg) < 0) {
+                return 1;
+            }
+            break;
         case 258:
             image_opts = true;
             break;

@@ -2,6 +2,7 @@
 /* blkimg measure: qemu-img measure compatible (bi_measure). */
 #include "blkimg/blkimg.h"
 #include "blkimg/convert.h"
+#include "common.h"
 #include "img.h"
 #include "util/util.h"
 
@@ -25,6 +26,7 @@ int img_measure(int argc, char **argv)
     static const struct option long_opts[] = {
         {"help", no_argument, NULL, 'h'},
         {"image-opts", no_argument, NULL, 256},
+        {"object", required_argument, NULL, 300},
         {"output", required_argument, NULL, 257},
         {"size", required_argument, NULL, 258},
         {"force-share", no_argument, NULL, 'U'},
@@ -74,6 +76,11 @@ int img_measure(int argc, char **argv)
             goto out;
         case 'U':
             force_share = true;
+            break;
+        case 300:
+            if (tool_object_add(optarg) < 0) {
+                return 1;
+            }
             break;
         case 256:
             image_opts = true;

@@ -57,8 +57,10 @@ int img_probe(int argc, char **argv)
             image_opts = true;
             break;
         case 258:
-            tool_error("--object is not supported");
-            return 1;
+            if (tool_object_add(optarg) < 0) {
+                return 1;
+            }
+            break;
         }
     }
     if (optind != argc - 1) {

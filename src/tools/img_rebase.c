@@ -9,6 +9,7 @@
 #include "blkimg/blkimg.h"
 #include "blkimg/convert.h"
 #include "blkimg/image_ops.h"
+#include "common.h"
 #include "img.h"
 #include "img_chain.h"
 #include "progress.h"
@@ -173,8 +174,10 @@ int img_rebase(int argc, char **argv)
             force_share = true;
             break;
         case 256:
-            cv_err("--object is not supported");
-            return 1;
+            if (tool_object_add(optarg) < 0) {
+                return 1;
+            }
+            break;
         case 257:
             image_opts = true;
             break;

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* blkimg resize: qemu-img resize compatible (bi_truncate). */
 #include "blkimg/blkimg.h"
+#include "common.h"
 #include "img.h"
 #include "util/util.h"
 
@@ -23,6 +24,7 @@ int img_resize(int argc, char **argv)
     static const struct option long_opts[] = {
         {"help", no_argument, NULL, 'h'},
         {"image-opts", no_argument, NULL, 256},
+        {"object", required_argument, NULL, 300},
         {"preallocation", required_argument, NULL, 257},
         {"shrink", no_argument, NULL, 258},
         {NULL, 0, NULL, 0},
@@ -62,6 +64,11 @@ int img_resize(int argc, char **argv)
             quiet = true;
             break;
         case 'U':
+            break;
+        case 300:
+            if (tool_object_add(optarg) < 0) {
+                return 1;
+            }
             break;
         case 256:
             image_opts = true;

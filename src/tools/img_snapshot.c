@@ -91,6 +91,9 @@ int img_snapshot(int argc, char **argv)
             ti.force_share = true;
             break;
         case 256:
+            if (tool_object_add(optarg) < 0) {
+                return 1;
+            }
             break;
         case 257:
             ti.image_opts = true;
