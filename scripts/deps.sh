@@ -12,10 +12,11 @@ set -euo pipefail
 PACKAGES=(
     # build
     meson ninja-build pkg-config gcc libc6-dev
-    liburing-dev zlib1g-dev libzstd-dev libcmocka-dev
+    liburing-dev zlib1g-dev libzstd-dev libcmocka-dev libnbd-dev
     # tests
     python3 python3-pytest python3-pytest-timeout python3-pytest-xdist
     qemu-utils fio xfsprogs e2fsprogs util-linux mount
+    nbdkit libnbd-bin gnutls-bin
     # format check
     clang-format
     # man pages (scdoc; groff renders them in the tests), bash completion

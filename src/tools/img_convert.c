@@ -110,6 +110,24 @@ char **cv_optlist_strv(const struct bi_optlist *l)
 }
 
 /* --image-opts: "driver=qcow2,file.filename=x.qcow2,l2-cache-size=1M". */
+/* A protocol driver other than file (nbd). */
+static bool cv_other_protocol(const char *name)
+{
+    int caps = bi_format_caps(name);
+    return caps >= 0 && (caps & BI_FORMAT_PROTOCOL) && strcmp(name, "file");
+}
+
+/* Adds item (taken) to the NULL-terminated *v of *n items. */
+static void cv_push(char ***v, int *n, char *item)
+{
+    *v = realloc(*v, sizeof(char *) * (size_t)(*n + 2));
+    if (!*v) {
+        abort();
+    }
+    (*v)[(*n)++] = item;
+    (*v)[*n] = NULL;
+}
+
 int cv_parse_image_opts(const char *s, struct bi_open_opts *o,
                         const char **filename, char ***owned)
 {
@@ -119,31 +137,52 @@ int cv_parse_image_opts(const char *s, struct bi_open_opts *o,
         cv_err("Invalid option list: %s", s);
         return -EINVAL;
     }
-    char **v = bi_xzalloc(sizeof(char *) * (size_t)(2 * l.n + 2));
-    int nv = 0, nd = 0;
-    char **drv = bi_xzalloc(sizeof(char *) * (size_t)(l.n + 1));
-    const char *fname = NULL;
+    char **v = NULL, **drv = NULL, **prot = NULL;
+    int nv = 0, nd = 0, np = 0;
+    const char *fname = NULL, *fproto = NULL;
     for (int i = 0; i < l.n; i++) {
         const char *k = l.v[i].key, *val = l.v[i].value ? l.v[i].value : "on";
         if (!strcmp(k, "driver")) {
-            v[nv] = bi_xstrdup(val);
-            o->format = v[nv++];
+            cv_push(&v, &nv, bi_xstrdup(val));
+            o->format = v[nv - 1];
         } else if (!strcmp(k, "file.filename") || !strcmp(k, "filename")) {
-            v[nv] = bi_xstrdup(val);
-            fname = v[nv++];
+            cv_push(&v, &nv, bi_xstrdup(val));
+            fname = v[nv - 1];
         } else if (!strcmp(k, "file.driver")) {
-            if (strcmp(val, "file")) {
+            if (cv_other_protocol(val)) {
+                cv_push(&v, &nv, bi_xstrdup(val));
+                fproto = v[nv - 1];
+            } else if (strcmp(val, "file")) {
                 cv_err("Unknown protocol '%s'", val);
                 goto fail;
             }
         } else if (!strcmp(k, "cache.direct") || !strcmp(k, "file.aio") ||
                    !strcmp(k, "aio")) {
             /* cache mode comes from -t/-T; aio from the engine */
+        } else if (!strncmp(k, "file.", 5)) {
+            cv_push(&prot, &np, bi_xasprintf("%s=%s", k + 5, val));
         } else {
-            drv[nd++] = bi_xasprintf("%s=%s", k, val);
+            cv_push(&drv, &nd, bi_xasprintf("%s=%s", k, val));
         }
     }
-    if (!fname) {
+    if (o->format && cv_other_protocol(o->format)) {
+        /* driver=nbd: the keys are the protocol's */
+        for (int i = 0; i < nd; i++) {
+            cv_push(&prot, &np, drv[i]);
+        }
+        free(drv);
+        drv = NULL;
+        nd = 0;
+    } else if (fproto) {
+        cv_push(&prot, &np, bi_xasprintf("driver=%s", fproto));
+    } else if (np) {
+        const char *eq = strchr(prot[0], '=');
+        cv_err("Could not open '%s': Block protocol 'file' doesn't support "
+               "the option '%.*s'",
+               s, (int)(eq - prot[0]), prot[0]);
+        goto fail;
+    }
+    if (!fname && !np) {
         cv_err("Could not open '%s': A block device must be specified for "
                "\"file\"",
                s);
@@ -151,18 +190,29 @@ int cv_parse_image_opts(const char *s, struct bi_open_opts *o,
     }
     *filename = fname;
     o->driver_opts = (const char *const *)drv;
-    v[nv++] = (char *)drv; /* freed as one more pointer; entries below */
+    o->protocol_opts = (const char *const *)prot;
+    /* owned: the strings, then the two arrays (freed as strings too) */
     for (int i = 0; i < nd; i++) {
-        v[nv++] = drv[i];
+        cv_push(&v, &nv, drv[i]);
+    }
+    for (int i = 0; i < np; i++) {
+        cv_push(&v, &nv, prot[i]);
+    }
+    if (drv) {
+        cv_push(&v, &nv, (char *)drv);
+    }
+    if (prot) {
+        cv_push(&v, &nv, (char *)prot);
+    }
+    if (!v) {
+        v = bi_xzalloc(sizeof(char *));
     }
     *owned = v;
     bi_optlist_free(&l);
     return 0;
 fail:
-    for (int i = 0; i < nd; i++) {
-        free(drv[i]);
-    }
-    free(drv);
+    cv_free_strv(drv);
+    cv_free_strv(prot);
     cv_free_strv(v);
     bi_optlist_free(&l);
     return -EINVAL;

@@ -44,7 +44,9 @@ static bi_value *info_to_value(struct info_item *it)
      * sharing a hash bucket). */
     bi_value_set(o, "filename", bi_value_string(it->filename));
     bi_value_set(o, "format", bi_value_string(info->format));
-    bi_value_set(o, "dirty-flag", bi_value_bool(info->dirty_flag));
+    if (info->has_dirty_flag) {
+        bi_value_set(o, "dirty-flag", bi_value_bool(info->dirty_flag));
+    }
     if (info->actual_size >= 0) {
         bi_value_set(o, "actual-size", bi_value_int(info->actual_size));
     }

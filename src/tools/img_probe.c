@@ -107,6 +107,7 @@ int img_probe(int argc, char **argv)
         bi_value_set_string(j, "mem-alignment-source",
                             bi_limit_source_name(l->mem_alignment_source));
         bi_value_set_uint(j, "max-transfer", l->max_transfer);
+        bi_value_set_uint(j, "opt-transfer", l->opt_transfer);
         bi_value_set_uint(j, "page-size", si.page_size);
         bi_value_set_string(j, "filesystem", si.filesystem);
         bi_value_set_uint(j, "logical-sector-size", si.logical_sector_size);
@@ -126,6 +127,11 @@ int img_probe(int argc, char **argv)
             printf("max transfer: %" PRIu64 "\n", l->max_transfer);
         } else {
             printf("max transfer: unlimited\n");
+        }
+        if (l->opt_transfer) {
+            printf("opt transfer: %" PRIu32 "\n", l->opt_transfer);
+        } else {
+            printf("opt transfer: none\n");
         }
         printf("page size: %" PRIu32 "\n", si.page_size);
         printf("filesystem: %s\n", si.filesystem);

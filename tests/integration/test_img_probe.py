@@ -12,12 +12,12 @@ from test_img_helpers import qemu, run
 
 KEYS = ["request-alignment", "request-alignment-source", "min-mem-alignment",
         "opt-mem-alignment", "mem-alignment-source", "max-transfer",
-        "page-size", "filesystem", "logical-sector-size",
+        "opt-transfer", "page-size", "filesystem", "logical-sector-size",
         "physical-sector-size", "cache"]
 
 HUMAN = ["request alignment", "request alignment source",
          "min mem alignment", "opt mem alignment", "mem alignment source",
-         "max transfer", "page size", "filesystem", "logical sector size",
+         "max transfer", "opt transfer", "page size", "filesystem", "logical sector size",
          "physical sector size", "cache"]
 
 PAGE = os.sysconf("SC_PAGESIZE")

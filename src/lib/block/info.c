@@ -15,6 +15,18 @@ void bi_node_geometry(bi_node *n, struct bi_geometry *g)
         n->drv->get_geometry(n, g);
 }
 
+/* QEMU's bdrv_get_info() succeeds (and info shows the dirty flag) when a
+ * driver answers it: a format with get_info, a format without one through
+ * its file, a protocol that has one (file, not nbd). */
+static bool answers_info(const bi_node *n)
+{
+    if (n->drv->get_info)
+        return true;
+    if (n->drv->is_protocol || !n->file || n->file == n)
+        return false;
+    return answers_info(n->file);
+}
+
 int bi_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
 {
     struct bi_geometry g;
@@ -49,6 +61,7 @@ int bi_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
         if (ret < 0)
             return ret;
     }
+    info->has_dirty_flag = answers_info(n);
     if (n->drv->get_info)
         return n->drv->get_info(n, info, err);
     return 0;

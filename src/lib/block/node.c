@@ -366,8 +366,8 @@ static bi_node *open_format(const char *filename, const char *format,
     bi_node *file = bi_open_protocol(filename, o, err);
     if (!file)
         return NULL;
-    if (!filename)
-        filename = file->filename; /* named by options: the canonical name */
+    if (!filename || file->drv != &bi_drv_file)
+        filename = file->filename; /* a network protocol's canonical name */
 
     char real[PATH_MAX];
     chain[depth] = !file->drv->prefixes && realpath(filename, real)

@@ -308,6 +308,16 @@ static int file_set_perm(bi_node *n, unsigned perm, unsigned shared,
     return bi_file_lock_set(s->fd, &s->lock, perm, shared, n->filename, err);
 }
 
+/* Nothing to add to qemu-img info, but the file answers (QEMU's
+ * file-posix does): the image's dirty flag is shown. */
+static int file_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
+{
+    (void)n;
+    (void)info;
+    (void)err;
+    return 0;
+}
+
 static void file_refresh_limits(bi_node *n)
 {
     struct file_state *s = n->opaque;
@@ -1143,5 +1153,6 @@ const struct bi_driver bi_drv_file = {
     .get_allocated_file_size = file_get_allocated_file_size,
     .storage_info = file_storage_info,
     .set_perm = file_set_perm,
+    .get_info = file_get_info,
     .co_copy_range = file_co_copy_range,
 };

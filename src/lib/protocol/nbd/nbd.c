@@ -76,14 +76,15 @@ static struct nbd_conn *pick_conn(struct nbd_state *s)
     return best;
 }
 
-/* A dead connection's ENOTCONN, ESHUTDOWN...: QEMU reports EIO. */
+/* libnbd fails the commands in flight on a connection that dies with
+ * ENOTCONN: QEMU 7.2 reports those as EIO (and requests made after the
+ * death as ESHUTDOWN, see issue()). */
 static int io_errno(int e)
 {
     switch (e) {
     case 0:
         return 0;
     case ENOTCONN:
-    case ESHUTDOWN:
     case ECONNRESET:
     case EPIPE:
         return -EIO;
@@ -104,7 +105,7 @@ static void issue(struct nbd_state *s, struct nbd_batch *b,
 
     if (!c) {
         if (!b->err) {
-            b->err = EIO;
+            b->err = ESHUTDOWN; /* every connection is gone */
         }
         return;
     }
@@ -129,8 +130,11 @@ static void issue(struct nbd_state *s, struct nbd_batch *b,
         break;
     }
     if (cookie < 0) {
+        /* refused at once: on a dead connection, "transport endpoint
+         * shutdown" as QEMU says */
+        int e = nbd_get_errno() ? nbd_get_errno() : EIO;
         if (!b->err) {
-            b->err = nbd_get_errno() ? nbd_get_errno() : EIO;
+            b->err = c->dead || e == ENOTCONN ? ESHUTDOWN : e;
         }
     } else {
         b->left++;
@@ -355,7 +359,7 @@ static int nbd_co_block_status(bi_node *n, uint64_t off, uint64_t len,
     len = BI_MIN(len, bi_align_down(NBD_MAX_LENGTH, BI_MAX(s->min_block, 1u)));
     c = pick_conn(s);
     if (!c) {
-        return -EIO;
+        return -ESHUTDOWN;
     }
     nbd_extent_callback ecb = {.callback = status_extents, .user_data = &a};
     ret = bi_nbd_cmd_wait(c, &cmd,

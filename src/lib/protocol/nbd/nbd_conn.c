@@ -63,6 +63,9 @@ void bi_nbd_conn_update(struct nbd_conn *c)
     if (nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h)) {
         /* libnbd has failed every command in flight (their callbacks ran)
          * and closed the socket: nothing more to watch */
+        if (!c->dead) {
+            conn_failed(c); /* libnbd's last error tells why */
+        }
         c->dead = true;
         c->ready = false;
         bi_fd_watch_cancel(&c->watch);

@@ -443,7 +443,16 @@ static int target_tls(const struct bi_optlist *l, struct nbd_target *t,
         t->username = bi_xstrdup(v ? v : "qemu");
         t->tls = t->tls || t->psk_file || t->certificates;
     }
-    return t->psk_file ? check_psk_user(t, err) : 0;
+    if (t->psk_file) {
+        return check_psk_user(t, err);
+    }
+    if (t->tls && t->is_unix && t->verify_peer) {
+        /* X.509 checks the server's name; a socket path has none (QEMU
+         * wants tls-hostname, which libnbd 1.14 cannot take) */
+        bi_error_set(err, 0, "No hostname for certificate validation");
+        return -EINVAL;
+    }
+    return 0;
 }
 
 int bi_nbd_target_parse(const char *const *opts, struct nbd_target *t,
