@@ -237,8 +237,11 @@ int main(int argc, char **argv)
         case OPTION_OBJECT: {
             bi_error oerr;
             bi_error_init(&oerr);
-            if (bi_object_add(optarg, &oerr) < 0) {
-                io_error_report("%s", oerr.msg);
+            int r = bi_object_add(optarg, &oerr);
+            if (r < 0) {
+                io_error_report("%s", r == -ENOTSUP
+                                          ? "--object is not supported"
+                                          : oerr.msg);
                 exit(1);
             }
             break;

@@ -182,8 +182,16 @@ int tool_object_add(const char *def)
 {
     bi_error err;
 
+    int ret;
+
     bi_error_init(&err);
-    if (bi_object_add(def, &err) < 0) {
+    ret = bi_object_add(def, &err);
+    if (ret == -ENOTSUP) {
+        /* a QEMU object blkimg has no use for (secrets, throttling) */
+        tool_error("--object is not supported");
+        return -1;
+    }
+    if (ret < 0) {
         tool_report(&err);
         return -1;
     }

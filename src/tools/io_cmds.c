@@ -2024,6 +2024,13 @@ static const char *const generic_opts[] = {
     "discard",  "node-name",    "file.node-name", "filename",    NULL,
 };
 
+/* A protocol driver other than file (nbd). */
+static bool other_protocol(const char *name)
+{
+    int caps = bi_format_caps(name);
+    return caps >= 0 && (caps & BI_FORMAT_PROTOCOL) && strcmp(name, "file");
+}
+
 static bool is_generic_opt(const char *key)
 {
     for (int i = 0; generic_opts[i]; i++) {
@@ -2040,7 +2047,7 @@ static bool is_generic_opt(const char *key)
  * not open 'f': No such file or directory" in both tools. */
 static const char *open_error_text(const bi_error *err, const char *fname)
 {
-    char *wrap = bi_xasprintf("Could not open '%s': ", fname);
+    char *wrap = bi_xasprintf("Could not open '%s': ", fname ? fname : "");
     size_t n = strlen(wrap);
     const char *inner = err->msg;
 
@@ -2169,12 +2176,13 @@ int io_openfile(const char *name, struct io_open_req *r)
     const struct bi_optlist *l = &r->opts;
     char prefix[PATH_MAX + 32];
     struct bi_open_opts o;
-    const char *driver, *fname, *v, **dopts = NULL;
+    const char *driver, *fname, *v, **dopts = NULL, **popts = NULL;
+    const char *proto = NULL; /* nbd: driver=nbd or file.driver=nbd */
     bool nocache = r->nocache, no_flush = r->no_flush;
     bool read_only = r->read_only, force_share = r->force_share;
     bool unmap = r->unmap, no_lock = false, aio_set = r->aio_set;
     enum bi_aio aio = r->aio;
-    int nd = 0, b, ret = 1;
+    int nd = 0, np = 0, b, ret = 1;
     bi_node *n;
     bi_error err;
 
@@ -2213,7 +2221,11 @@ int io_openfile(const char *name, struct io_open_req *r)
         fname = opt_get(l, "filename");
     }
     v = opt_get(l, "file.driver");
-    if (v && strcmp(v, "file") != 0 && strcmp(v, "host_device") != 0) {
+    if (v && other_protocol(v)) {
+        proto = v;
+    } else if (driver && other_protocol(driver)) {
+        proto = driver;
+    } else if (v && strcmp(v, "file") != 0 && strcmp(v, "host_device") != 0) {
         io_error_report("%sUnknown protocol driver '%s'", prefix, v);
         return 1;
     }
@@ -2228,7 +2240,7 @@ int io_openfile(const char *name, struct io_open_req *r)
             return 1;
         }
     }
-    if (!fname) {
+    if (!fname && !proto) {
         if (driver && strcmp(driver, "file") != 0) {
             io_error_report("%sA block device must be specified for "
                             "\"file\"",
@@ -2243,10 +2255,22 @@ int io_openfile(const char *name, struct io_open_req *r)
     }
 
     dopts = bi_xzalloc(sizeof(*dopts) * (size_t)(l->n + 1));
+    popts = bi_xzalloc(sizeof(*popts) * (size_t)(l->n + 2));
+    if (proto && proto != driver) {
+        popts[np++] = bi_xasprintf("driver=%s", proto);
+    }
     for (int i = 0; i < l->n; i++) {
         const char *key = l->v[i].key;
         const char *val = l->v[i].value;
 
+        if (proto && strcmp(key, "driver") && strcmp(key, "file.driver") &&
+            !is_generic_opt(key) &&
+            (proto == driver || !strncmp(key, "file.", 5))) {
+            /* the protocol's key (file.* without the prefix) */
+            popts[np++] = bi_xasprintf("%s=%s", proto == driver ? key : key + 5,
+                                       val ? val : "on");
+            continue;
+        }
         if (is_generic_opt(key)) {
             if (!strcmp(key, "filename") &&
                 (!driver || strcmp(driver, "file") != 0)) {
@@ -2375,6 +2399,7 @@ int io_openfile(const char *name, struct io_open_req *r)
     o.no_lock = no_lock;
     o.named_by_options = !name; /* --image-opts: no file name to probe */
     o.driver_opts = nd ? dopts : NULL;
+    o.protocol_opts = np ? popts : NULL;
 
     if (r->snapshot) {
         o.read_write = false; /* the image is the overlay's backing file */
@@ -2423,6 +2448,10 @@ out:
         free((char *)dopts[i]);
     }
     free(dopts);
+    for (int i = 0; i < np; i++) {
+        free((char *)popts[i]);
+    }
+    free(popts);
     return ret;
 }
 

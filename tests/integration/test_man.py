@@ -124,8 +124,10 @@ def test_blkimg_page_documents_every_option(build_dir, blkimg):
 def test_blkimg_page_documents_formats_exit_codes_and_pipelines(
         build_dir, blkimg):
     s = sections(blkimg_page(build_dir))
-    for fmt in set(tool_options.blkimg_formats(blkimg)) - {"file"}:
-        assert re.search(r"^ {7}%s$" % fmt, s["FORMATS"], re.M), fmt
+    protocols = {"file", "nbd"}  # documented under PROTOCOLS
+    for fmt in set(tool_options.blkimg_formats(blkimg)):
+        where = "PROTOCOLS" if fmt in protocols else "FORMATS"
+        assert re.search(r"^ {7}%s$" % fmt, s[where], re.M), fmt
     for code in ("0", "1", "2", "3", "63"):
         assert re.search(r"(?<!\d)%s(?!\d)" % code, s["EXIT STATUS"])
     assert "DIFFERENCES FROM QEMU-IMG" in s

@@ -120,7 +120,8 @@ def test_qcow2_export_convert_and_map(run, blkimg, qemu_img, peers,
         ok(run(qemu_img, "map", "--output=json", qb)).stdout
 
 
-def test_allocation_depth(run, blkimg, qemu_img, qemu_io, peers, tmp_path):
+def test_allocation_depth(run, blkimg, blkimg_io, qemu_img, qemu_io, peers,
+                          tmp_path):
     """qemu-nbd -A offers qemu:allocation-depth: a range allocated nowhere
     in the chain is unallocated for the protocol node (driver=nbd), where
     base:allocation alone calls it a zero run; data and zero clusters stay
@@ -144,6 +145,14 @@ def test_allocation_depth(run, blkimg, qemu_img, qemu_io, peers, tmp_path):
     assert present[(4 * MiB, MiB)] and data[(4 * MiB, MiB)]
     assert ok(run(blkimg, "map", "--output=json", peer.url)).stdout == \
         ok(run(qemu_img, "map", "--output=json", peer.url)).stdout
+    # what a write allocates is seen at once (status is cached per reply
+    # and dropped by writes); qemu-io, deaf to the depth, says allocated
+    cp = ok(run(blkimg_io, "--image-opts", "-c", "alloc 6M 64k",
+                "-c", "write -P 3 6M 64k", "-c", "alloc 6M 64k",
+                "driver=nbd," + peer.opts()))
+    assert [l for l in cp.stdout.splitlines() if "allocated" in l] == [
+        "0/65536 bytes allocated at offset 6 MiB",
+        "65536/65536 bytes allocated at offset 6 MiB"]
 
 
 # ------------------------------------------------------------- targets
@@ -252,9 +261,10 @@ def test_threads_engine(run, blkimg_io, qemu_io, peers):
     """The thread-pool engine watches sockets with poll(2): writes and
     reads through it, checked by qemu-io."""
     peer = peers.nbdkit("memory", "16M")
-    ok(run(blkimg_io, "-f", "raw", "-i", "threads", "-c",
-           "aio_write -P 0x61 0 1M", "-c", "aio_write -P 0x62 1M 1M",
-           "-c", "aio_flush", "-c", "read -P 0x62 1M 1M", peer.url))
+    ok(run(blkimg_io, "-i", "threads", "-c", "aio_write -P 0x61 0 1M",
+           "-c", "aio_write -P 0x62 1M 1M", "-c", "aio_flush",
+           "-c", "read -P 0x62 1M 1M", "--image-opts",
+           "driver=raw,file.driver=nbd," + peer.opts("file.")))
     ok(run(qemu_io, "-f", "raw", "-c", "read -P 0x61 0 1M", peer.url))
 
 

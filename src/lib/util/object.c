@@ -48,6 +48,50 @@ int bi_parse_bool(const char *v)
     return -EINVAL;
 }
 
+/* The other user-creatable object types of QEMU 7.2 (what qemu-img would
+ * take but blkimg does not). */
+static bool qemu_type(const char *type)
+{
+    static const char *const types[] = {
+        "secret",
+        "secret_keyring",
+        "throttle-group",
+        "iothread",
+        "authz-simple",
+        "authz-list",
+        "authz-listfile",
+        "authz-pam",
+        "tls-creds-anon",
+        "tls-cipher-suites",
+        "memory-backend-file",
+        "memory-backend-ram",
+        "memory-backend-memfd",
+        "main-loop",
+        "input-barrier",
+        "input-linux",
+        "rng-random",
+        "rng-egd",
+        "rng-builtin",
+        "colo-compare",
+        "filter-buffer",
+        "filter-dump",
+        "filter-mirror",
+        "filter-redirector",
+        "filter-replay",
+        "filter-rewriter",
+        "cryptodev-backend-builtin",
+        "dbus-vmstate",
+        "can-bus",
+        "pr-manager-helper",
+    };
+    for (size_t i = 0; i < BI_ARRAY_SIZE(types); i++) {
+        if (!strcmp(types[i], type)) {
+            return true;
+        }
+    }
+    return false;
+}
+
 /* The properties each type takes (QEMU 7.2's tls-creds classes). */
 static bool prop_known(const char *type, const char *key)
 {
@@ -138,9 +182,15 @@ int bi_object_add(const char *def, bi_error *err)
         goto fail;
     }
     if (strcmp(type, "tls-creds-psk") && strcmp(type, "tls-creds-x509")) {
-        bi_error_set(err, 0, "Parameter 'qom-type' does not accept value '%s'",
-                     type);
-        ret = -ENOTSUP;
+        if (qemu_type(type)) {
+            bi_error_set(err, 0, "Object type '%s' is not supported by blkimg",
+                         type);
+            ret = -ENOTSUP;
+        } else {
+            bi_error_set(err, 0,
+                         "Parameter 'qom-type' does not accept value '%s'",
+                         type);
+        }
         goto fail;
     }
     id = bi_optlist_get(&l, "id");

@@ -23,8 +23,22 @@
 #define NBD_MAX_LENGTH (1u << 30)
 #define MAX_CONNS 16
 
+/* The runs of the last block-status reply, from start to end. */
+struct nbd_status_cache {
+    uint64_t start, end;
+    struct nbd_status_run {
+        uint64_t len;
+        unsigned flags;
+    } * runs;
+    size_t n, cap;
+    size_t hint; /* the run the last lookup found */
+};
+
 struct nbd_state {
     struct nbd_target t;
+    struct nbd_status_cache cache;
+    uint64_t cache_gen; /* changed by every write, zero and trim */
+    int writes;         /* writes, zeroes and trims in flight */
     struct nbd_conn conns[MAX_CONNS];
     int n_conns;
     uint64_t size;
@@ -153,6 +167,22 @@ static int batch_wait(struct nbd_batch *b)
 
 /* ------------------------------------------------------------ read/write */
 
+/* A write, zero or trim starts or ends: block status cached before it, or
+ * asked while it runs, may be stale (nbd_co_block_status). */
+static void change_begin(struct nbd_state *s)
+{
+    s->writes++;
+    s->cache.start = s->cache.end = 0;
+    s->cache_gen++;
+}
+
+static void change_end(struct nbd_state *s)
+{
+    s->writes--;
+    s->cache.start = s->cache.end = 0;
+    s->cache_gen++;
+}
+
 /* Moves [off, off+len) in one command per iov segment, all in flight at
  * once. Reads past the end of the export are zeroes; writes there fail. */
 static int nbd_rw(bi_node *n, bool write, uint64_t off, uint64_t len,
@@ -165,6 +195,9 @@ static int nbd_rw(bi_node *n, bool write, uint64_t off, uint64_t len,
     struct nbd_batch b = {.co = bi_co_self()};
     uint64_t pos = off;
 
+    if (write) {
+        change_begin(s);
+    }
     for (int i = 0; i < iovcnt && pos < off + len; i++) {
         uint64_t l = BI_MIN((uint64_t)iov[i].iov_len, off + len - pos);
         uint64_t in = pos < s->size ? BI_MIN(l, s->size - pos) : 0;
@@ -182,6 +215,9 @@ static int nbd_rw(bi_node *n, bool write, uint64_t off, uint64_t len,
         pos += l;
     }
     int ret = batch_wait(&b);
+    if (write) {
+        change_end(s);
+    }
     if (parts != stack) {
         free(parts);
     }
@@ -220,6 +256,7 @@ static int nbd_ranged(struct nbd_state *s, enum nbd_op op, uint64_t off,
     uint64_t step = bi_align_down(NBD_MAX_LENGTH, BI_MAX(s->min_block, 1u));
     int ret = 0;
 
+    change_begin(s);
     while (len && ret == 0) {
         struct nbd_batch b = {.co = bi_co_self()};
         struct nbd_part part;
@@ -229,6 +266,7 @@ static int nbd_ranged(struct nbd_state *s, enum nbd_op op, uint64_t off,
         off += l;
         len -= l;
     }
+    change_end(s);
     return ret;
 }
 
@@ -291,56 +329,174 @@ static int nbd_co_flush(bi_node *n)
 
 /* --------------------------------------------------------- block status */
 
-/* The first run of one kind that one context reported. */
-struct nbd_run {
-    bool set;
-    uint64_t len;
-    uint32_t flags;
+/* What the server reported for one context: (length, flags) pairs from
+ * the queried offset (libnbd's entries, copied). */
+struct nbd_extents {
+    uint32_t *v;
+    size_t n; /* entries: n / 2 pairs */
 };
 struct nbd_status_args {
     struct nbd_state *s;
-    struct nbd_run base, depth;
+    struct nbd_extents base, depth;
 };
 
-/* Extent callback: the leading entries with the flags of the first, as
- * one run (entries are length, flags pairs). */
 static int status_extents(void *user_data, const char *ctx, uint64_t offset,
                           uint32_t *entries, size_t nr, int *error)
 {
     struct nbd_status_args *a = user_data;
-    struct nbd_run *r;
+    struct nbd_extents *e;
 
     (void)offset;
     (void)error;
     if (!strcmp(ctx, a->s->status_ctx)) {
-        r = &a->base;
+        e = &a->base;
     } else if (!strcmp(ctx, "qemu:allocation-depth")) {
-        r = &a->depth;
+        e = &a->depth;
     } else {
         return 0;
     }
-    if (r->set || nr < 2) {
-        return 0;
+    if (e->v || nr < 2) {
+        return 0; /* one reply per context is all a server sends */
     }
-    r->set = true;
-    r->flags = entries[1];
-    for (size_t i = 0; i + 1 < nr && entries[i + 1] == r->flags; i += 2) {
-        r->len += entries[i];
-    }
+    e->v = bi_xmalloc(nr * sizeof(*e->v));
+    memcpy(e->v, entries, nr * sizeof(*e->v));
+    e->n = nr & ~(size_t)1;
     return 0;
 }
 
-/* Status of [off, off+len): base:allocation's hole and zero bits (QEMU's
- * reading: not a hole is data); qemu:allocation-depth 0 marks the run
- * unallocated in the server's image, which reads as zeroes. */
+/* The node's flags for a run: base:allocation's hole and zero bits (QEMU's
+ * reading: what is not a hole is data); allocation depth 0 (allocated
+ * nowhere in the server's image) reads as zeroes, unallocated. */
+static unsigned run_flags(uint32_t base, bool has_depth, uint32_t depth)
+{
+    if (has_depth && depth == 0) {
+        return BI_BS_ZERO | BI_BS_OFFSET_VALID | BI_BS_NOT_ALLOCATED;
+    }
+    return (base & LIBNBD_STATE_HOLE ? 0 : BI_BS_DATA) |
+           (base & LIBNBD_STATE_ZERO ? BI_BS_ZERO : 0) | BI_BS_OFFSET_VALID;
+}
+
+static void cache_push(struct nbd_status_cache *c, uint64_t len, unsigned flags)
+{
+    if (c->n && c->runs[c->n - 1].flags == flags) {
+        c->runs[c->n - 1].len += len;
+    } else {
+        if (c->n == c->cap) {
+            c->cap = c->cap ? 2 * c->cap : 64;
+            c->runs = realloc(c->runs, c->cap * sizeof(*c->runs));
+            if (!c->runs) {
+                abort();
+            }
+        }
+        c->runs[c->n].len = len;
+        c->runs[c->n].flags = flags;
+        c->n++;
+    }
+    c->end += len;
+}
+
+/* Replaces the cache with the runs of one reply from off, at most len
+ * bytes: the two contexts' extents cut at each other's boundaries. */
+static void cache_fill(struct nbd_status_cache *c, uint64_t off, uint64_t len,
+                       const struct nbd_extents *b, const struct nbd_extents *d)
+{
+    size_t i = 0, j = 0;
+    uint64_t bl = b->v[0], dl = d->v ? d->v[0] : UINT64_MAX;
+
+    c->start = c->end = off;
+    c->n = 0;
+    c->hint = 0;
+    while (i < b->n && c->end - off < len) {
+        uint64_t l = BI_MIN(BI_MIN(bl, dl), len - (c->end - off));
+        if (l == 0) {
+            break; /* a server sending empty extents: stop there */
+        }
+        cache_push(
+            c, l, run_flags(b->v[i + 1], d->v != NULL, d->v ? d->v[j + 1] : 0));
+        bl -= l;
+        dl -= l;
+        if (bl == 0 && (i += 2) < b->n) {
+            bl = b->v[i];
+        }
+        if (d->v && dl == 0) {
+            if ((j += 2) >= d->n) {
+                break; /* the depth reply ends first */
+            }
+            dl = d->v[j];
+        }
+    }
+}
+
+/* Answers from the cache: the run holding off, cut at len. */
+static bool cache_lookup(struct nbd_status_cache *c, uint64_t off, uint64_t len,
+                         struct bi_status *st)
+{
+    uint64_t pos;
+    size_t k;
+
+    if (off < c->start || off >= c->end) {
+        return false;
+    }
+    /* the copy engine walks forward: start at the last run found */
+    k = c->hint < c->n ? c->hint : 0;
+    pos = c->start;
+    for (size_t q = 0; q < k; q++) {
+        pos += c->runs[q].len;
+    }
+    if (pos > off) {
+        k = 0;
+        pos = c->start;
+    }
+    while (pos + c->runs[k].len <= off) {
+        pos += c->runs[k++].len;
+    }
+    c->hint = k;
+    st->len = BI_MIN(len, pos + c->runs[k].len - off);
+    st->flags = c->runs[k].flags;
+    return true;
+}
+
+/* Asks the server about [off, off+len) (one command) and caches every run
+ * of the reply unless a write ran meanwhile. 0 or -errno. */
+static int status_query(struct nbd_state *s, uint64_t off, uint64_t len)
+{
+    struct nbd_status_args a = {.s = s};
+    struct nbd_cmd cmd;
+    struct nbd_conn *c = pick_conn(s);
+    uint64_t gen = s->cache_gen;
+    int ret;
+
+    if (!c) {
+        return -ESHUTDOWN;
+    }
+    nbd_extent_callback ecb = {.callback = status_extents, .user_data = &a};
+    ret = bi_nbd_cmd_wait(c, &cmd,
+                          nbd_aio_block_status(c->h, len, off, ecb,
+                                               bi_nbd_cmd_callback(&cmd), 0));
+    if (ret < 0) {
+        ret = io_errno(-ret);
+    } else if (!a.base.v || a.base.v[0] == 0) {
+        ret = -EIO; /* the server broke the protocol */
+    } else if (gen == s->cache_gen && s->writes == 0) {
+        cache_fill(&s->cache, off, len, &a.base, &a.depth);
+    } else {
+        /* only the first run can be trusted: a write was in flight */
+        struct nbd_extents one = {a.base.v, 2}, d1 = {a.depth.v, 2};
+        cache_fill(&s->cache, off, BI_MIN(len, a.base.v[0]), &one,
+                   a.depth.v ? &d1 : &a.depth);
+        s->cache_gen++; /* used once below, then stale */
+    }
+    free(a.base.v);
+    free(a.depth.v);
+    return ret;
+}
+
+/* Status of [off, off+len), from the runs of the last reply when it
+ * covers off: one request for a whole map instead of one per extent. */
 static int nbd_co_block_status(bi_node *n, uint64_t off, uint64_t len,
                                struct bi_status *st)
 {
     struct nbd_state *s = n->opaque;
-    struct nbd_status_args a = {.s = s};
-    struct nbd_cmd cmd;
-    struct nbd_conn *c;
-    int ret;
 
     memset(st, 0, sizeof(*st));
     st->offset = off;
@@ -351,34 +507,19 @@ static int nbd_co_block_status(bi_node *n, uint64_t off, uint64_t len,
         return 0;
     }
     len = BI_MIN(len, s->size - off);
-    st->len = len;
-    st->flags = BI_BS_DATA | BI_BS_OFFSET_VALID;
     if (!s->has_status) {
-        return 0; /* the server says nothing: all data */
-    }
-    len = BI_MIN(len, bi_align_down(NBD_MAX_LENGTH, BI_MAX(s->min_block, 1u)));
-    c = pick_conn(s);
-    if (!c) {
-        return -ESHUTDOWN;
-    }
-    nbd_extent_callback ecb = {.callback = status_extents, .user_data = &a};
-    ret = bi_nbd_cmd_wait(c, &cmd,
-                          nbd_aio_block_status(c->h, len, off, ecb,
-                                               bi_nbd_cmd_callback(&cmd), 0));
-    if (ret < 0) {
-        return io_errno(-ret);
-    }
-    if (!a.base.set || a.base.len == 0) {
-        return -EIO; /* the server broke the protocol */
-    }
-    st->len = BI_MIN(a.base.len, len);
-    st->flags = (a.base.flags & LIBNBD_STATE_HOLE ? 0 : BI_BS_DATA) |
-                (a.base.flags & LIBNBD_STATE_ZERO ? BI_BS_ZERO : 0) |
-                BI_BS_OFFSET_VALID;
-    if (a.depth.set && a.depth.len) {
-        st->len = BI_MIN(st->len, a.depth.len);
-        if (a.depth.flags == 0) {
-            st->flags = BI_BS_ZERO | BI_BS_OFFSET_VALID | BI_BS_NOT_ALLOCATED;
+        st->len = len; /* the server says nothing: all data */
+        st->flags = BI_BS_DATA | BI_BS_OFFSET_VALID;
+    } else if (!cache_lookup(&s->cache, off, len, st)) {
+        uint64_t q =
+            BI_MIN(s->size - off,
+                   bi_align_down(NBD_MAX_LENGTH, BI_MAX(s->min_block, 1u)));
+        int ret = status_query(s, off, q);
+        if (ret < 0) {
+            return ret;
+        }
+        if (!cache_lookup(&s->cache, off, len, st)) {
+            return -EIO;
         }
     }
     if (off + st->len >= s->size) {
@@ -496,6 +637,8 @@ static int close_co(void *opaque)
         struct nbd_conn *c = &s->conns[i];
         if (c->ready && !c->dead && c->in_flight == 0) {
             (void)nbd_aio_disconnect(c->h, 0);
+        } else if (c->h && nbd_aio_is_negotiating(c->h)) {
+            (void)nbd_aio_opt_abort(c->h); /* the export was refused */
         }
         bi_nbd_conn_close(c);
     }
@@ -517,6 +660,8 @@ static void nbd_drv_close(bi_node *n)
     }
     nbd_close_conns(s);
     bi_nbd_target_free(&s->t);
+    free(s->cache.runs);
+    s->cache.runs = NULL;
 }
 
 /* The server's block-size constraints are the node's limits: minimum ->
