@@ -145,6 +145,13 @@ def test_allocation_depth(run, blkimg, blkimg_io, qemu_img, qemu_io, peers,
     assert present[(4 * MiB, MiB)] and data[(4 * MiB, MiB)]
     assert ok(run(blkimg, "map", "--output=json", peer.url)).stdout == \
         ok(run(qemu_img, "map", "--output=json", peer.url)).stdout
+    # imageio's way to read the depth: qemu-img map of x-dirty-bitmap=
+    # qemu:allocation-depth (depths read as base:allocation bits)
+    opts = "driver=nbd,x-dirty-bitmap=qemu:allocation-depth," + peer.opts()
+    assert ok(run(blkimg, "map", "--output=json", "--image-opts",
+                  opts)).stdout == \
+        ok(run(qemu_img, "map", "--output=json", "--image-opts",
+               opts)).stdout
     # what a write allocates is seen at once (status is cached per reply
     # and dropped by writes); qemu-io, deaf to the depth, says allocated
     cp = ok(run(blkimg_io, "--image-opts", "-c", "alloc 6M 64k",
@@ -158,22 +165,34 @@ def test_allocation_depth(run, blkimg, blkimg_io, qemu_img, qemu_io, peers,
 # ------------------------------------------------------------- targets
 
 
-@pytest.mark.parametrize("target", ["url", "target-image-opts", "tcp"])
+@pytest.mark.parametrize("target", ["url", "target-image-opts", "tcp",
+                                    "file-plugin", "no -n"])
 def test_convert_into_export(run, blkimg, qemu_img, peers, src_qcow2,
                              tmp_path, target):
     """convert -n into an nbdkit memory export (multi-conn: several
-    connections at once) gives the bytes qemu-img reads back, and the
-    same as qemu-img's own convert into a twin export."""
-    mine = peers.nbdkit("memory", "64M", tcp=target == "tcp")
-    twin = peers.nbdkit("memory", "64M")
+    connections at once), or the file plugin's, or without -n (QEMU's
+    creation fallback: the export must be large enough) gives the bytes
+    qemu-img reads back, and the same as qemu-img's own convert into a
+    twin export."""
+    if target == "file-plugin":
+        exports = []
+        for name in ("mine.img", "twin.img"):
+            with open(tmp_path / name, "wb") as f:
+                f.truncate(64 * MiB)
+            exports.append(peers.nbdkit("file", tmp_path / name))
+        mine, twin = exports
+    else:
+        mine = peers.nbdkit("memory", "64M", tcp=target == "tcp")
+        twin = peers.nbdkit("memory", "64M")
+    n = [] if target == "no -n" else ["-n"]
     if target == "target-image-opts":
         # (no -O: qemu-img takes the format from the options then)
         dst = ["--target-image-opts", "driver=raw,file.driver=nbd," +
                mine.opts("file.")]
     else:
         dst = ["-O", "raw", mine.url]
-    ok(run(blkimg, "convert", "-n", "-f", "qcow2", src_qcow2, *dst))
-    ok(run(qemu_img, "convert", "-n", "-f", "qcow2", "-O", "raw", src_qcow2,
+    ok(run(blkimg, "convert", *n, "-f", "qcow2", src_qcow2, *dst))
+    ok(run(qemu_img, "convert", *n, "-f", "qcow2", "-O", "raw", src_qcow2,
            twin.url))
     ok(run(qemu_img, "compare", "-f", "qcow2", "-F", "raw", src_qcow2,
            mine.url))
@@ -373,9 +392,20 @@ def test_open_errors_match_qemu(run, blkimg, qemu_img, peers, tmp_path):
         ["info", "--object", "tls-creds-psk,id=t,dir=/nonexistent",
          peer.url],
         ["info", "--image-opts", "driver=nbd,tls-creds=none," + peer.opts()],
+        ["info", "--image-opts", "driver=nbd"],
+        ["info", "--image-opts", "driver=nbd,path=/x,host=y"],
+        ["info", "nbd:"],
+        ["map", "--image-opts", "driver=nbd,x-dirty-bitmap=qemu:dirty-bitmap:"
+         "b0," + peer.opts()],
+        ["info", "--image-opts", "driver=nbd,path=%s,export=wrong"
+         % peer.addr],
         ["convert", "-n", "-O", "raw", str(raw), peer.url],
         ["convert", "-O", "raw", "nbd+unix:///wrong?socket=%s" % peer.addr,
          str(tmp_path / "never.raw")],
+        ["convert", "-O", "raw", str(raw),
+         "nbd+unix:///wrong?socket=%s" % peer.addr],
+        ["convert", "-n", "-O", "raw", str(raw),
+         "nbd+unix:///wrong?socket=%s" % peer.addr],
     ]
     for args in cases:
         want, got = run(qemu_img, *args), run(blkimg, *args)

@@ -110,6 +110,24 @@ int main(void)
     is_str(parse("nbd+unix://?socket=/a&socket=/b"),
            "error: No valid URL specified", "repeated socket");
 
+    {
+        /* a name and options both saying where the server is */
+        struct bi_optlist l = {0};
+        bi_error err;
+        bi_error_init(&err);
+        bi_optlist_parse(&l, "export=x");
+        is_int(bi_nbd_parse_filename("nbd://h/e", &l, &err), -EINVAL,
+               "export given twice");
+        is_str(err.msg, "Option 'export' cannot be used with a file name",
+               "QEMU's words");
+        bi_optlist_free(&l);
+    }
+    is_str(parse("nbd:"), "", "legacy without address: nothing");
+    is_str(parse("nbd:unix:/s:exportname="), "",
+           "legacy with an empty export name: nothing (QEMU drops all)");
+    is_str(canon("nbd:"), "error: NBD server address missing",
+           "then the open says so");
+
     /* QEMU's canonical names (qemu-img info's "image:" line) */
     is_str(canon("nbd:unix:/tmp/s.sock:exportname=exp"),
            "nbd+unix:///exp?socket=/tmp/s.sock", "unix name");

@@ -235,8 +235,10 @@ struct bi_driver {
      * name without a known prefix is a local file. */
     const char *const *prefixes;
     /* Turns a file name carrying one of the prefixes into the driver's
-     * options, the keys --image-opts (and json:) give, appended to opts.
-     * Returns 0 or -errno with err set (QEMU's wording). */
+     * options, the keys --image-opts (and json:) give, appended to opts
+     * (which holds the options given besides the name: a key the name
+     * also sets is refused). Returns 0 or -errno with err set (QEMU's
+     * wording). */
     int (*parse_filename)(const char *filename, struct bi_optlist *opts,
                           bi_error *err);
     /* Image locking: the node holds perm and shares shared (BI_PERM_*

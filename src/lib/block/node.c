@@ -107,18 +107,13 @@ static const struct bi_driver *choose_protocol(const char *filename,
     return drv;
 }
 
-/* The options a protocol driver opens with: what its file name says (for
- * a name with its prefix), then protocol_opts, later keys winning. The
- * strings of *out are owned by *l. */
+/* The options a protocol driver opens with: protocol_opts, then what its
+ * file name says (for a name with its prefix; the driver refuses keys the
+ * name contradicts). The strings of *out are owned by *l. */
 static int protocol_options(const struct bi_driver *drv, const char *filename,
                             const struct bi_open_opts *o, struct bi_optlist *l,
                             char ***out, bi_error *err)
 {
-    if (filename && drv->parse_filename && bi_protocol_for(filename) == drv) {
-        int ret = drv->parse_filename(filename, l, err);
-        if (ret < 0)
-            return ret;
-    }
     for (const char *const *p = o->protocol_opts; p && *p; p++) {
         if (!strncmp(*p, "driver=", 7))
             continue;
@@ -126,6 +121,11 @@ static int protocol_options(const struct bi_driver *drv, const char *filename,
             bi_error_set(err, 0, "Invalid parameter '%s'", *p);
             return -EINVAL;
         }
+    }
+    if (filename && drv->parse_filename && bi_protocol_for(filename) == drv) {
+        int ret = drv->parse_filename(filename, l, err);
+        if (ret < 0)
+            return ret;
     }
     *out = bi_xzalloc(sizeof(char *) * (size_t)(l->n + 1));
     for (int i = 0; i < l->n; i++)

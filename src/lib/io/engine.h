@@ -76,6 +76,23 @@ struct bi_engine {
     unsigned in_flight; /* maintained by the engine */
 };
 
+/* Runs the callbacks of a list of finished requests (linked by ->next),
+ * counting them out of e->in_flight; returns how many. For engines. */
+static inline int bi_engine_complete_list(struct bi_engine *e, struct bi_io *io)
+{
+    int n = 0;
+
+    while (io) {
+        struct bi_io *next = io->next;
+
+        e->in_flight--;
+        n++;
+        io->cb(io);
+        io = next;
+    }
+    return n;
+}
+
 extern const struct bi_engine_ops bi_engine_uring_ops;
 extern const struct bi_engine_ops bi_engine_threads_ops;
 

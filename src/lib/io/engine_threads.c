@@ -85,21 +85,6 @@ static void threads_cancel(struct bi_engine *e, struct bi_io *io)
     }
 }
 
-static int complete_list(struct bi_engine *e, struct bi_io *io)
-{
-    int done = 0;
-
-    while (io) {
-        struct bi_io *next = io->next;
-
-        e->in_flight--;
-        done++;
-        io->cb(io);
-        io = next;
-    }
-    return done;
-}
-
 /* One poll(2) over the armed poll requests (and, when waiting, the pool's
  * eventfd): completes those whose descriptor is ready. timeout_ms as for
  * poll(2). Returns the callbacks run. */
@@ -139,7 +124,7 @@ static int check_polls(struct bi_engine *e, int timeout_ms)
         *tail = ios[i];
         tail = &ios[i]->next;
     }
-    return complete_list(e, ready);
+    return bi_engine_complete_list(e, ready);
 }
 
 static int threads_poll(struct bi_engine *e, unsigned min_complete)
@@ -151,8 +136,8 @@ static int threads_poll(struct bi_engine *e, unsigned min_complete)
         struct bi_io *fin = t->finished;
 
         t->finished = NULL;
-        done += complete_list(e, fin);
-        done += complete_list(e, bi_pool_take(t->pool));
+        done += bi_engine_complete_list(e, fin);
+        done += bi_engine_complete_list(e, bi_pool_take(t->pool));
         if (t->polls) {
             done += check_polls(e, 0);
         }

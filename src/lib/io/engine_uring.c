@@ -333,22 +333,10 @@ static void complete(struct bi_engine *e, struct bi_io *io, int64_t ret)
 /* Runs the callbacks of finished pool requests; returns how many. */
 static int reap_pool(struct bi_engine *e, struct uring *u)
 {
-    struct bi_io *io;
-    int n = 0;
-
     if (!u->pool) {
         return 0;
     }
-    io = bi_pool_take(u->pool);
-    while (io) {
-        struct bi_io *next = io->next;
-
-        e->in_flight--;
-        n++;
-        io->cb(io);
-        io = next;
-    }
-    return n;
+    return bi_engine_complete_list(e, bi_pool_take(u->pool));
 }
 
 /* Queues refused requests again as SQ space allows. */
@@ -366,18 +354,9 @@ static void flush_backlog(struct uring *u)
 static int reap_inline(struct bi_engine *e, struct uring *u)
 {
     struct bi_io *io = u->inline_head;
-    int n = 0;
 
     u->inline_head = u->inline_tail = NULL;
-    while (io) {
-        struct bi_io *next = io->next;
-
-        e->in_flight--;
-        n++;
-        io->cb(io);
-        io = next;
-    }
-    return n;
+    return bi_engine_complete_list(e, io);
 }
 
 static int reap_ring(struct bi_engine *e, struct uring *u)

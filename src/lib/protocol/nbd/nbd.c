@@ -44,8 +44,9 @@ struct nbd_state {
     uint64_t size;
     uint32_t min_block, pref_block, max_block;
     bool can_flush, can_fua, can_trim, can_zero, can_fast_zero;
-    bool has_status; /* base:allocation or the bitmap was negotiated */
-    bool has_depth;  /* qemu:allocation-depth too */
+    bool has_status;    /* base:allocation or the bitmap was negotiated */
+    bool has_depth;     /* qemu:allocation-depth too */
+    bool depth_as_bits; /* x-dirty-bitmap=qemu:allocation-depth */
     const char *status_ctx;
 };
 
@@ -361,6 +362,9 @@ static int status_extents(void *user_data, const char *ctx, uint64_t offset,
     e->v = bi_xmalloc(nr * sizeof(*e->v));
     memcpy(e->v, entries, nr * sizeof(*e->v));
     e->n = nr & ~(size_t)1;
+    for (size_t i = 1; a->s->depth_as_bits && i < e->n; i += 2) {
+        e->v[i] = BI_MIN(e->v[i], 2u);
+    }
     return 0;
 }
 
@@ -369,11 +373,16 @@ static int status_extents(void *user_data, const char *ctx, uint64_t offset,
  * nowhere in the server's image) reads as zeroes, unallocated. */
 static unsigned run_flags(uint32_t base, bool has_depth, uint32_t depth)
 {
+    unsigned f;
+
     if (has_depth && depth == 0) {
-        return BI_BS_ZERO | BI_BS_OFFSET_VALID | BI_BS_NOT_ALLOCATED;
+        return BI_BS_ZERO | BI_BS_NOT_ALLOCATED;
     }
-    return (base & LIBNBD_STATE_HOLE ? 0 : BI_BS_DATA) |
-           (base & LIBNBD_STATE_ZERO ? BI_BS_ZERO : 0) | BI_BS_OFFSET_VALID;
+    f = (base & LIBNBD_STATE_HOLE ? 0 : BI_BS_DATA) |
+        (base & LIBNBD_STATE_ZERO ? BI_BS_ZERO : 0);
+    /* what is neither data nor zeroes is unallocated: QEMU shows no
+     * offset for it (a hole bit alone, as x-dirty-bitmap reads) */
+    return f ? f | BI_BS_OFFSET_VALID : 0;
 }
 
 static void cache_push(struct nbd_status_cache *c, uint64_t len, unsigned flags)
@@ -522,6 +531,17 @@ static int nbd_co_block_status(bi_node *n, uint64_t off, uint64_t len,
             return -EIO;
         }
     }
+    if (s->min_block > 1 && !bi_is_aligned(st->len, s->min_block)) {
+        /* a server breaking the protocol with an unaligned extent (qemu-nbd
+         * 3.1 on files of odd sizes): QEMU's workaround, cut it, or read
+         * one block as data */
+        if (st->len > s->min_block) {
+            st->len = bi_align_down(st->len, s->min_block);
+        } else {
+            st->len = BI_MIN(len, (uint64_t)s->min_block);
+            st->flags = BI_BS_DATA | BI_BS_OFFSET_VALID;
+        }
+    }
     if (off + st->len >= s->size) {
         st->flags |= BI_BS_EOF;
     }
@@ -545,6 +565,10 @@ static void read_export(struct nbd_state *s, struct nbd_handle *h)
     s->has_status = nbd_can_meta_context(h, s->status_ctx) > 0;
     s->has_depth =
         !s->t.bitmap && nbd_can_meta_context(h, "qemu:allocation-depth") > 0;
+    /* QEMU's hack: x-dirty-bitmap=qemu:allocation-depth reads depths as
+     * base:allocation bits, 3 and more as 2 */
+    s->depth_as_bits =
+        s->t.bitmap && !strcmp(s->t.bitmap, "qemu:allocation-depth");
     v = nbd_get_block_size(h, LIBNBD_SIZE_MINIMUM);
     s->min_block = v > 0 ? (uint32_t)v : 0;
     v = nbd_get_block_size(h, LIBNBD_SIZE_PREFERRED);
@@ -579,6 +603,12 @@ static int open_co(void *opaque)
     }
     h = s->conns[0].h;
     read_export(s, h);
+    if (s->t.bitmap && !s->has_status) {
+        /* the x-dirty-bitmap context is not offered: QEMU 7.2's words
+         * (its message "requested x-dirty-bitmap ... not found" is lost) */
+        bi_error_set(a->err, EINVAL, "Could not open image");
+        return -EINVAL;
+    }
     if (a->read_write && nbd_is_read_only(h) > 0) {
         bi_error_set(a->err, EACCES, "Could not open image");
         return -EACCES;

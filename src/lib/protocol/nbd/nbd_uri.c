@@ -263,6 +263,12 @@ static int parse_legacy(const char *name, struct bi_optlist *l, bi_error *err)
     char *addr = bi_xasprintf("%.*s", (int)len, rest);
     int ret = 0;
 
+    if (!addr[0] || (ex && !ex[strlen(":exportname=")])) {
+        /* as QEMU: no address (an empty export name drops it too), and
+         * the open says "NBD server address missing" */
+        free(addr);
+        return 0;
+    }
     if (!strncmp(addr, "unix:", 5)) {
         put(l, "server.type", "unix");
         put(l, "server.path", "%s", addr + 5);
@@ -291,6 +297,17 @@ int bi_nbd_parse_filename(const char *filename, struct bi_optlist *l,
 {
     const char *sep = strstr(filename, "://");
 
+    /* the name says where the server is: options may not say it too */
+    for (int i = 0; i < l->n; i++) {
+        const char *k = l->v[i].key;
+        if (!strcmp(k, "host") || !strcmp(k, "port") || !strcmp(k, "path") ||
+            !strcmp(k, "export") || !strncmp(k, "server.", 7)) {
+            bi_error_set(err, 0, "Option '%s' cannot be used with a file name",
+                         k);
+            return -EINVAL;
+        }
+    }
+
     if (sep && (size_t)(sep - filename) == strcspn(filename, ":")) {
         return parse_url(filename, sep, l, err);
     }
@@ -307,9 +324,11 @@ int bi_nbd_parse_filename(const char *filename, struct bi_optlist *l,
 static bool key_known(const char *k)
 {
     static const char *const keys[] = {
-        "server.type",      "server.host",  "server.port",    "server.path",
-        "export",           "tls-creds",    "x-dirty-bitmap", "tls",
-        "tls-certificates", "tls-psk-file", "tls-username",   "multi-conn",
+        "server.type",    "server.host",  "server.port",
+        "server.path",    "export",       "tls-creds",
+        "x-dirty-bitmap", "tls",          "tls-certificates",
+        "tls-psk-file",   "tls-username", "multi-conn",
+        "host",           "port",         "path",
     };
     for (size_t i = 0; i < BI_ARRAY_SIZE(keys); i++) {
         if (!strcmp(keys[i], k)) {
@@ -374,14 +393,64 @@ static int check_psk_user(const struct nbd_target *t, bi_error *err)
     return 0;
 }
 
+/* QEMU's legacy keys: path=, or host= [port=] (default 10809). */
+static int target_legacy(const struct bi_optlist *l, struct nbd_target *t,
+                         bi_error *err)
+{
+    const char *path = bi_optlist_get(l, "path");
+    const char *host = bi_optlist_get(l, "host");
+    const char *port = bi_optlist_get(l, "port");
+
+    for (int i = 0; i < l->n; i++) {
+        if (!strncmp(l->v[i].key, "server.", 7)) {
+            bi_error_set(err, 0,
+                         "Cannot use 'server' and path/host/port at "
+                         "the same time");
+            return -EINVAL;
+        }
+    }
+    if (path && host) {
+        bi_error_set(err, 0, "path and host may not be used at the same time");
+        return -EINVAL;
+    }
+    if (path && port) {
+        bi_error_set(err, 0, "port may not be used without host");
+        return -EINVAL;
+    }
+    if (!path && !host) {
+        bi_error_set(err, 0, "NBD server address missing");
+        return -EINVAL;
+    }
+    if (path) {
+        t->is_unix = true;
+        t->path = bi_xstrdup(path);
+    } else {
+        t->host = bi_xstrdup(host);
+        t->port = bi_xstrdup(port ? port : BI_NBD_DEFAULT_PORT);
+    }
+    return 0;
+}
+
+/* Where the server is: server.* (QEMU's SocketAddress) or the legacy
+ * keys. 0 or -EINVAL with QEMU's words. */
 static int target_server(const struct bi_optlist *l, struct nbd_target *t,
                          bi_error *err)
 {
     const char *type = bi_optlist_get(l, "server.type");
     const char *v;
 
+    if (bi_optlist_get(l, "path") || bi_optlist_get(l, "host") ||
+        bi_optlist_get(l, "port")) {
+        return target_legacy(l, t, err);
+    }
     if (!type) {
-        bi_error_set(err, 0, "Parameter 'server.type' is missing");
+        for (int i = 0; i < l->n; i++) {
+            if (!strncmp(l->v[i].key, "server.", 7)) {
+                bi_error_set(err, 0, "Parameter 'server.type' is missing");
+                return -EINVAL;
+            }
+        }
+        bi_error_set(err, 0, "NBD server address missing");
         return -EINVAL;
     }
     if (!strcmp(type, "unix")) {
