@@ -393,6 +393,7 @@ def test_open_errors_match_qemu(run, blkimg, qemu_img, peers, tmp_path):
          peer.url],
         ["info", "--image-opts", "driver=nbd,tls-creds=none," + peer.opts()],
         ["info", "--image-opts", "driver=nbd"],
+        ["info", "--image-opts", "driver=nbd,foo=1," + peer.opts()],
         ["info", "--image-opts", "driver=nbd,path=/x,host=y"],
         ["info", "nbd:"],
         ["map", "--image-opts", "driver=nbd,x-dirty-bitmap=qemu:dirty-bitmap:"

@@ -748,6 +748,7 @@ const struct bi_driver bi_drv_nbd = {
     .is_protocol = true,
     .state_size = sizeof(struct nbd_state),
     .prefixes = nbd_prefixes,
+    .runtime_opts = bi_nbd_runtime_opts,
     .parse_filename = nbd_parse_filename,
     .open = nbd_drv_open,
     .close = nbd_drv_close,

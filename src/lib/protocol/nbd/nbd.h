@@ -27,6 +27,9 @@
 
 #define BI_NBD_DEFAULT_PORT "10809"
 
+/* The option keys an open takes (the driver's runtime_opts). */
+extern const struct bi_opt_desc bi_nbd_runtime_opts[];
+
 /* Parses an NBD file name into options (appended to l): the URL forms
  * nbd://host[:port]/export, nbd+tcp://, nbd+unix:///export?socket=PATH,
  * nbds://, nbds+tcp://, nbds+unix:// (TLS; their query may also carry

@@ -320,18 +320,33 @@ int bi_nbd_parse_filename(const char *filename, struct bi_optlist *l,
 
 /* ------------------------------------------------------------- targets */
 
-/* The keys an open takes (QEMU's, then blkimg's). */
+/* The keys an open takes: QEMU 7.2's, then blkimg's (nbd.h). */
+const struct bi_opt_desc bi_nbd_runtime_opts[] = {
+    {"server.type", BI_OPT_STRING, "inet or unix", NULL, 0},
+    {"server.host", BI_OPT_STRING, "TCP host to connect to", NULL, 0},
+    {"server.port", BI_OPT_STRING, "TCP port to connect to", NULL, 0},
+    {"server.path", BI_OPT_STRING, "Unix socket path to connect to", NULL, 0},
+    {"host", BI_OPT_STRING, "TCP host to connect to (legacy)", NULL, 0},
+    {"port", BI_OPT_STRING, "TCP port to connect to (legacy)", NULL, 0},
+    {"path", BI_OPT_STRING, "Unix socket path (legacy)", NULL, 0},
+    {"export", BI_OPT_STRING, "Name of the NBD export to open", NULL, 0},
+    {"tls-creds", BI_OPT_STRING, "ID of the TLS credentials to use", NULL, 0},
+    {"x-dirty-bitmap", BI_OPT_STRING,
+     "experimental: expose named dirty bitmap in place of block status", NULL,
+     0},
+    {"tls", BI_OPT_BOOL, "TLS required (nbds://)", NULL, 0},
+    {"tls-certificates", BI_OPT_STRING, "X.509 directory (nbds://)", NULL, 0},
+    {"tls-psk-file", BI_OPT_STRING, "PSK file (nbds://)", NULL, 0},
+    {"tls-username", BI_OPT_STRING, "PSK user (nbds://)", NULL, 0},
+    {"multi-conn", BI_OPT_NUMBER,
+     "Most connections where the server allows multi-conn", NULL, 0},
+    {NULL, 0, NULL, NULL, 0},
+};
+
 static bool key_known(const char *k)
 {
-    static const char *const keys[] = {
-        "server.type",    "server.host",  "server.port",
-        "server.path",    "export",       "tls-creds",
-        "x-dirty-bitmap", "tls",          "tls-certificates",
-        "tls-psk-file",   "tls-username", "multi-conn",
-        "host",           "port",         "path",
-    };
-    for (size_t i = 0; i < BI_ARRAY_SIZE(keys); i++) {
-        if (!strcmp(keys[i], k)) {
+    for (const struct bi_opt_desc *d = bi_nbd_runtime_opts; d->name; d++) {
+        if (!strcmp(d->name, k)) {
             return true;
         }
     }
@@ -537,7 +552,10 @@ int bi_nbd_target_parse(const char *const *opts, struct nbd_target *t,
     }
     for (int i = 0; ret == 0 && i < l.n; i++) {
         if (!key_known(l.v[i].key)) {
-            bi_error_set(err, 0, "Invalid parameter '%s'", l.v[i].key);
+            bi_error_set(err, 0,
+                         "Block protocol 'nbd' doesn't support the option "
+                         "'%s'",
+                         l.v[i].key);
             ret = -EINVAL;
         }
     }
