@@ -25,6 +25,8 @@
 #define POOL_THREADS 16
 /* CQEs copied out per batch while reaping. */
 #define REAP_BATCH 64
+/* Cancels waiting for a free SQE at once (one per fd watch direction). */
+#define CANCEL_MAX 64
 /* Slots for registered buffers (a sparse table, registered on first use). */
 #define FIXED_SLOTS 64
 /* Reads through the page cache from this size on go to the pool, as with
@@ -56,6 +58,11 @@ struct uring {
     /* Requests run inline because no worker pool could be created; their
      * callbacks run at the next poll. */
     struct bi_io *inline_head, *inline_tail;
+    /* Poll requests to cancel that found no free SQE: retried by poll
+     * (up to CANCEL_MAX; a cancel is never lost, so no watch waits on a
+     * socket that never becomes ready). */
+    struct bi_io *cancel_later[CANCEL_MAX];
+    unsigned n_cancel_later;
     /* Registered buffers: reads and writes inside one use the _fixed
      * opcodes (no page pinning per request). */
     int fixed_state; /* 0: not tried, 1: table registered, -1: unavailable */
@@ -145,6 +152,20 @@ static struct io_uring_sqe *get_sqe(struct uring *u)
         sqe = io_uring_get_sqe(&u->ring);
     }
     return sqe;
+}
+
+/* Queues the removal of poll request io; false when no SQE is free. */
+static bool queue_poll_remove(struct uring *u, struct bi_io *io)
+{
+    struct io_uring_sqe *sqe = get_sqe(u);
+
+    if (!sqe) {
+        return false;
+    }
+    io_uring_prep_poll_remove(sqe, (__u64)(uintptr_t)io);
+    io_uring_sqe_set_data64(sqe, TAG_IGNORE);
+    io_uring_submit(&u->ring);
+    return true;
 }
 
 static int uring_buf_register(struct bi_engine *e, void *base, size_t len)
@@ -435,6 +456,10 @@ static int uring_poll(struct bi_engine *e, unsigned min_complete)
         if (u->backlog_head) {
             flush_backlog(u);
         }
+        while (u->n_cancel_later &&
+               queue_poll_remove(u, u->cancel_later[u->n_cancel_later - 1])) {
+            u->n_cancel_later--;
+        }
         if (u->inline_head) {
             done += reap_inline(e, u);
         }
@@ -481,7 +506,6 @@ static int uring_poll(struct bi_engine *e, unsigned min_complete)
 static void uring_cancel(struct bi_engine *e, struct bi_io *io)
 {
     struct uring *u = e->priv;
-    struct io_uring_sqe *sqe;
 
     if (io->op != BI_IO_POLL) {
         return;
@@ -500,13 +524,9 @@ static void uring_cancel(struct bi_engine *e, struct bi_io *io)
             return;
         }
     }
-    sqe = get_sqe(u);
-    if (!sqe) {
-        return; /* the poll ends when its fd is ready or closed */
+    if (!queue_poll_remove(u, io) && u->n_cancel_later < CANCEL_MAX) {
+        u->cancel_later[u->n_cancel_later++] = io; /* retried by poll */
     }
-    io_uring_prep_poll_remove(sqe, (__u64)(uintptr_t)io);
-    io_uring_sqe_set_data64(sqe, TAG_IGNORE);
-    io_uring_submit(&u->ring);
 }
 
 const struct bi_engine_ops bi_engine_uring_ops = {
