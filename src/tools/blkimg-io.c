@@ -39,7 +39,9 @@ static void usage(const char *name)
            "  -f, --format FMT     image format (%s)\n",
            name, drivers);
     free(drivers);
-    printf("  -r, --read-only      open the image read-only\n"
+    printf("  --object OBJECTDEF   define TLS credentials for NBD exports\n"
+           "                       (tls-creds-psk, tls-creds-x509)\n"
+           "  -r, --read-only      open the image read-only\n"
            "  -s, --snapshot       writes go to a temporary overlay; the "
            "image\n"
            "                       itself is not modified\n"

@@ -177,7 +177,6 @@ enum {
     OPT_IMAGE_OPTS,
     OPT_RANDOM,
     OPT_STATS,
-    OPT_OBJECT,
 };
 
 int img_bench(int argc, char **argv)
@@ -186,7 +185,6 @@ int img_bench(int argc, char **argv)
         {"help", no_argument, 0, 'h'},
         {"flush-interval", required_argument, 0, OPT_FLUSH_INTERVAL},
         {"image-opts", no_argument, 0, OPT_IMAGE_OPTS},
-        {"object", required_argument, 0, OPT_OBJECT},
         {"pattern", required_argument, 0, OPT_PATTERN},
         {"no-drain", no_argument, 0, OPT_NO_DRAIN},
         {"force-share", no_argument, 0, 'U'},
@@ -317,11 +315,6 @@ int img_bench(int argc, char **argv)
         }
         case OPT_NO_DRAIN:
             drain_on_flush = false;
-            break;
-        case OPT_OBJECT:
-            if (tool_object_add(optarg) < 0) {
-                return 1;
-            }
             break;
         case OPT_IMAGE_OPTS:
             image_opts = true;
