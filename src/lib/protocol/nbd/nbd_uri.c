@@ -408,6 +408,17 @@ static int check_psk_user(const struct nbd_target *t, bi_error *err)
     return 0;
 }
 
+/* Whether l has any server.* key. */
+static bool has_server_key(const struct bi_optlist *l)
+{
+    for (int i = 0; i < l->n; i++) {
+        if (!strncmp(l->v[i].key, "server.", 7)) {
+            return true;
+        }
+    }
+    return false;
+}
+
 /* QEMU's legacy keys: path=, or host= [port=] (default 10809). */
 static int target_legacy(const struct bi_optlist *l, struct nbd_target *t,
                          bi_error *err)
@@ -416,13 +427,11 @@ static int target_legacy(const struct bi_optlist *l, struct nbd_target *t,
     const char *host = bi_optlist_get(l, "host");
     const char *port = bi_optlist_get(l, "port");
 
-    for (int i = 0; i < l->n; i++) {
-        if (!strncmp(l->v[i].key, "server.", 7)) {
-            bi_error_set(err, 0,
-                         "Cannot use 'server' and path/host/port at "
-                         "the same time");
-            return -EINVAL;
-        }
+    if (has_server_key(l)) {
+        bi_error_set(err, 0,
+                     "Cannot use 'server' and path/host/port at "
+                     "the same time");
+        return -EINVAL;
     }
     if (path && host) {
         bi_error_set(err, 0, "path and host may not be used at the same time");
@@ -459,13 +468,9 @@ static int target_server(const struct bi_optlist *l, struct nbd_target *t,
         return target_legacy(l, t, err);
     }
     if (!type) {
-        for (int i = 0; i < l->n; i++) {
-            if (!strncmp(l->v[i].key, "server.", 7)) {
-                bi_error_set(err, 0, "Parameter 'server.type' is missing");
-                return -EINVAL;
-            }
-        }
-        bi_error_set(err, 0, "NBD server address missing");
+        bi_error_set(err, 0,
+                     has_server_key(l) ? "Parameter 'server.type' is missing"
+                                       : "NBD server address missing");
         return -EINVAL;
     }
     if (!strcmp(type, "unix")) {
