@@ -70,8 +70,8 @@ fresh_export() {
     serve "$EXP"
 }
 
-# one_run DIRECTION TOOL: one timed run; prints the wall seconds ("" on a
-# failure); the first blkimg run of each direction is checked.
+# one_run DIRECTION TOOL: one timed run; sets WALL to its wall seconds (""
+# on a failure). Not in a subshell: the server it starts is stopped by PID.
 one_run() {
     local dir=$1 tool=$2 t
     if [ "$dir" = to ]; then
@@ -87,7 +87,7 @@ one_run() {
             timed t "$tool" convert -f raw -O raw "$URL" "$OUT"
         fi
     fi
-    echo "${t%% *}"
+    WALL=${t%% *}
 }
 
 check_output() {
@@ -120,7 +120,8 @@ for dir in to from; do
             for ((k = ${#tools[@]} - 1; k >= 0; k--)); do order+=("${tools[k]}"); done
         fi
         for tool in "${order[@]}"; do
-            w=$(one_run "$dir" "$tool")
+            one_run "$dir" "$tool"
+            w=$WALL
             if [ -z "$w" ]; then
                 [ "$tool" = "$BLKIMG" ] && OK="convert FAILED"
                 continue
