@@ -11,6 +11,7 @@ with one line and no crash.
 """
 import json
 import os
+import re
 import struct
 import zlib
 
@@ -291,17 +292,25 @@ WRITES = ["write -P 0x11 1000 5000", "write -P 0x22 60k 200k",
 SPLIT_WRITE = "write -P 0x66 %d 1M" % ((2 << 30) - (512 << 10))
 
 
+def mask_cids(text):
+    return re.sub(rb"(\n(?:parent)?CID=)[0-9a-f]+", rb"\1x", text)
+
+
 def masked(path):
     """The file's bytes with the descriptor's CIDs masked (random at
-    creation, a new one on the first write)."""
+    creation, a new one on the first write), the descriptor cut at its
+    first NUL (a CID of another length shifts the text, and QEMU leaves
+    the bytes past the new end as they were), and a large file (a flat
+    extent) as its size and allocation."""
+    st = os.stat(path)
+    if st.st_size > 16 << 20:
+        return (st.st_size, st.st_blocks)
     with open(path, "rb") as f:
-        data = bytearray(f.read())
-    for key in (b"\nCID=", b"\nparentCID="):
-        i = data.find(key)
-        if i >= 0:
-            j = data.index(b"\n", i + 1)
-            data[i + len(key):j] = b"x"
-    return bytes(data)
+        data = f.read()
+    if data[:4] != b"KDMV":
+        return len(data), mask_cids(data.split(b"\0")[0])
+    desc = mask_cids(data[512:512 * 21].split(b"\0")[0])
+    return data[:512] + desc + data[512 * 21:]
 
 
 @pytest.mark.parametrize("opts,size", [
@@ -343,4 +352,91 @@ def test_writes_as_qemu_io(run, blkimg_io, qemu_img, qemu_io, tmp_path, opts,
     cp = run(qemu_img, "check", b)
     assert cp.returncode == 0, cp.stdout + cp.stderr
     cp = run(qemu_img, "compare", b, q)
+    assert cp.returncode == 0, cp.stdout
+
+
+# ------------------------------------------------------------ create
+
+CREATE = [
+    ["a.vmdk", "100M"],
+    ["-o", "subformat=monolithicFlat", "f.vmdk", "10M"],
+    ["-o", "subformat=twoGbMaxExtentSparse,zeroed_grain=on", "s.vmdk", "5G"],
+    ["-o", "subformat=twoGbMaxExtentFlat", "f2.vmdk", "3G"],
+    ["-o", "subformat=streamOptimized", "so.vmdk", "10M"],
+    ["-o", "adapter_type=lsilogic,hwversion=7,toolsversion=123", "x.vmdk",
+     "100M"],
+    ["-o", "compat6=on", "y.vmdk", "1G"],
+    ["z.vmdk", "1000"],
+    ["-o", "subformat=twoGbMaxExtentSparse", "e.vmdk", "0"],
+    ["-b", "a.vmdk", "-F", "vmdk", "c.vmdk"],
+    # refused
+    ["-b", "q.qcow2", "-F", "qcow2", "r.vmdk"],
+    ["-b", "q.qcow2", "-F", "vmdk", "r.vmdk"],
+    ["-o", "adapter_type=foo", "r.vmdk", "1M"],
+    ["-o", "subformat=foo", "r.vmdk", "1M"],
+    ["-o", "compat6=on,hwversion=7", "r.vmdk", "1M"],
+    ["-o", "subformat=monolithicFlat", "-b", "a.vmdk", "-F", "vmdk", "r.vmdk",
+     "1M"],
+    ["-o", "subformat=monolithicFlat,zeroed_grain=on", "r.vmdk", "1M"],
+    ["-b", "nothere.vmdk", "-F", "vmdk", "r.vmdk", "1M"],
+]
+
+
+def test_create_as_qemu_img(run, blkimg, qemu_img, tmp_path):
+    """The same files (but the CIDs), the same "Formatting" lines and
+    errors, for every subformat and option qemu-img takes."""
+    dirs = {}
+    for tool, exe in (("q", qemu_img), ("b", blkimg)):
+        d = tmp_path / tool
+        d.mkdir()
+        run(qemu_img, "create", "-q", "-f", "qcow2", str(d / "q.qcow2"), "1M",
+            check=True)
+        outs = []
+        for args in CREATE:
+            cp = run(exe, "create", "-f", "vmdk", *args, cwd=str(d))
+            outs.append((cp.returncode, cp.stdout,
+                         cp.stderr.replace(os.path.basename(exe), "X")))
+        dirs[tool] = (d, outs)
+    (qd, qouts), (bd, bouts) = dirs["q"], dirs["b"]
+    for args, q, b in zip(CREATE, qouts, bouts):
+        assert q == b, args
+    names = sorted(os.listdir(qd))
+    assert sorted(os.listdir(bd)) == names
+    for name in names:
+        if name.endswith(".vmdk"):
+            assert masked(bd / name) == masked(qd / name), name
+    for name in ("a.vmdk", "s.vmdk", "so.vmdk", "c.vmdk"):
+        cp = run(qemu_img, "check", str(bd / name))
+        assert cp.returncode == 0, cp.stdout + cp.stderr
+
+
+def test_create_help(run, blkimg, qemu_img):
+    q = run(qemu_img, "create", "-f", "vmdk", "-o", "help")
+    b = run(blkimg, "create", "-f", "vmdk", "-o", "help")
+    assert (b.returncode, b.stdout) == (q.returncode, q.stdout)
+
+
+@pytest.mark.parametrize("how", [["-o", "subformat=streamOptimized"], ["-c"],
+                                 ["-t", "none", "-o",
+                                  "subformat=streamOptimized"]],
+                         ids=["stream", "compress", "stream-direct"])
+def test_convert_to_vmdk_as_qemu_img(run, blkimg, qemu_img, qemu_io, tmp_path,
+                                     how):
+    """convert -O vmdk writes the files qemu-img writes: streamOptimized
+    grains compressed with markers, -c on a monolithicSparse target as
+    plain grains (QEMU's vmdk does so)."""
+    src = str(tmp_path / "src.vmdk")
+    run(qemu_img, "create", "-q", "-f", "vmdk", src, "64M", check=True)
+    fill(run, qemu_io, src, 64 << 20)
+    (tmp_path / "q").mkdir()
+    (tmp_path / "b").mkdir()
+    q, b = str(tmp_path / "q" / "t.vmdk"), str(tmp_path / "b" / "t.vmdk")
+    opts = [a for a in how if a not in ("-t", "none")]
+    run(qemu_img, "convert", "-O", "vmdk", *opts, src, q, check=True)
+    cp = run(blkimg, "convert", "-O", "vmdk", *how, src, b)
+    assert cp.returncode == 0, cp.stderr
+    assert masked(b) == masked(q)
+    cp = run(qemu_img, "check", b)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+    cp = run(qemu_img, "compare", src, b)
     assert cp.returncode == 0, cp.stdout

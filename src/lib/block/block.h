@@ -75,6 +75,10 @@ struct bi_geometry {
     /* Where the VM state lives, past the guest data (qemu-io's info);
      * 0: no VM state. */
     uint64_t vm_state_offset;
+    /* Data is written compressed only, whole clusters in guest order
+     * (QEMU's needs_compressed_writes: vmdk's streamOptimized): the copy
+     * engine writes such a target as with -c. */
+    bool compressed_writes_only;
 };
 
 /* co_block_status only (never returned to callers): the data run lies on

@@ -799,6 +799,8 @@ static void vmdk_get_geometry(bi_node *n, struct bi_geometry *g)
 {
     vmdk_state *s = n->opaque;
     g->cluster_size = common_grain(s);
+    g->compressed_writes_only =
+        s->n_ext && s->ext[0].compressed && g->cluster_size;
     for (int i = 0; !g->cluster_size && i < s->n_ext; i++)
         g->cluster_size = BI_MAX(g->cluster_size, s->ext[i].grain);
 }
@@ -867,6 +869,8 @@ const struct bi_driver bi_drv_vmdk = {
     .probe = vmdk_probe,
     .open = vmdk_open,
     .close = vmdk_close,
+    .create = vmdk_create,
+    .create_opts = vmdk_create_opts,
     .refresh_limits = vmdk_refresh_limits,
     .co_map = vmdk_co_map,
     .co_write_done = vmdk_co_write_done,

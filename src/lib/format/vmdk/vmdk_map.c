@@ -524,18 +524,75 @@ static int write_compressed_grain(bi_node *n, struct vmdk_extent *e,
     bi_free_aligned(out);
     if (ret < 0)
         return ret;
+    /* QEMU zero-fills the whole grain first: the file reaches its end */
     e->next_grain = bi_align_up(host + used, VMDK_SECTOR);
-    e->file_size = BI_MAX(e->file_size, host + used);
+    e->file_size = BI_MAX(e->file_size, host + e->grain);
     return commit_grains(e, (off - e->start) / e->grain, 1,
                          (uint32_t)(host / VMDK_SECTOR), 0);
 }
 
+/* The end of a compressed stream: each compressed extent's file ends on
+ * a sector boundary (QEMU's empty compressed write). */
+static int end_stream(bi_node *n)
+{
+    vmdk_state *s = n->opaque;
+    for (int i = 0; i < s->n_ext; i++) {
+        struct vmdk_extent *e = &s->ext[i];
+        if (!e->compressed)
+            continue;
+        bi_error err;
+        bi_error_init(&err);
+        int ret = e->file->drv->co_truncate(
+            e->file, bi_align_up(e->file_size, VMDK_SECTOR), false,
+            BI_PREALLOC_OFF, &err);
+        if (ret < 0)
+            return ret;
+    }
+    return 0;
+}
+
+/* An ordinary write of [off, off + len) from buf, mapped and committed
+ * here: the generic layer already serialises the range for the
+ * compressed write that asked for it. */
+static int plain_write(bi_node *n, uint64_t off, const uint8_t *buf,
+                       uint64_t len)
+{
+    for (uint64_t done = 0; done < len;) {
+        struct bi_extent ext;
+        memset(&ext, 0, sizeof(ext));
+        int ret = map_write(n, off + done, len - done, &ext);
+        if (ret < 0)
+            return ret;
+        uint64_t l = BI_MIN(ext.len, len - done);
+        struct iovec v[3];
+        int c = 0;
+        if (ext.cow_head_len)
+            v[c++] = (struct iovec){ext.cow_head, ext.cow_head_len};
+        v[c++] = (struct iovec){(void *)(buf + done), l};
+        if (ext.cow_tail_len)
+            v[c++] = (struct iovec){ext.cow_tail, ext.cow_tail_len};
+        ret = bi_co_pwritev(ext.host, ext.host_offset - ext.cow_head_len,
+                            ext.cow_head_len + l + ext.cow_tail_len, v, c, 0);
+        ret = vmdk_co_write_done(n, &ext, ret);
+        if (ret < 0)
+            return ret;
+        done += l;
+    }
+    return 0;
+}
+
+/* Grains of compressed extents are compressed one by one (whole grains,
+ * or the image's tail, never twice); the other extents take the data as
+ * an ordinary write, as QEMU's vmdk does. len 0 ends the stream. */
 int vmdk_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
                               uint64_t len)
 {
     vmdk_state *s = n->opaque;
     if (len == 0)
-        return 0; /* the end of the stream: nothing to pad */
+        return end_stream(n);
+    struct vmdk_extent *e = find_extent(s, off);
+    if (e && !e->compressed)
+        return plain_write(n, off, buf, BI_MIN(len, e->start + e->len - off));
     int ret = 0;
     bi_co_mutex_lock(&s->lock);
     for (uint64_t done = 0; done < len && ret == 0;) {
@@ -543,14 +600,15 @@ int vmdk_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
         ret = map_run(s, off + done, len - done, &r);
         if (ret < 0)
             break;
-        struct vmdk_extent *e = r.e;
+        e = r.e;
+        uint64_t rel = off + done - e->start;
         uint64_t l = BI_MIN(e->grain, len - done);
-        if (!e->compressed || !e->has_marker ||
-            (off + done - e->start) % e->grain)
+        if (!e->compressed || !e->has_marker || rel % e->grain ||
+            (l < e->grain && off + done + l != e->start + e->len))
             ret = -EINVAL;
         else if (r.kind == RUN_COMPRESSED || r.kind == RUN_DATA)
             ret = -EIO; /* QEMU: no rewriting of an allocated grain */
-        else if (!e->gd[(off + done - e->start) / e->grain / e->gt_entries])
+        else if (!e->gd[rel / e->grain / e->gt_entries])
             ret = -EIO;
         else
             ret = write_compressed_grain(n, e, off + done,
