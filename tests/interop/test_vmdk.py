@@ -440,3 +440,67 @@ def test_convert_to_vmdk_as_qemu_img(run, blkimg, qemu_img, qemu_io, tmp_path,
     assert cp.returncode == 0, cp.stdout + cp.stderr
     cp = run(qemu_img, "compare", src, b)
     assert cp.returncode == 0, cp.stdout
+
+
+# ---------------------------------------------------- VMDK 3 and check
+
+
+def cowd_vmdk(path):
+    """A VMDK 3 ("COWD") sparse file: 8 KiB grains, 4096-entry tables,
+    the CIDs at sector 1 where QEMU reads them."""
+    gsec, cap = 16, 2048 * 8
+    ngt = (cap // gsec + 4095) // 4096
+    gd_off, gt_sec = 2, 4096 * 4 // 512
+    gt_off = gd_off + (ngt * 4 + 511) // 512
+    data_off = gt_off + ngt * gt_sec
+    gtes = [0] * (ngt * 4096)
+    grains = {0: b"\x11", 5: b"\x22", 6: b"\x23", 1000: b"\x33"}
+    out = bytearray(data_off * 512)
+    for i, (g, d) in enumerate(sorted(grains.items())):
+        gtes[g] = data_off + i * gsec
+        out += d * (gsec * 512)
+    hdr = b"COWD" + struct.pack("<10I", 1, 3, cap, gsec, gd_off, ngt,
+                                len(out) // 512, 0, 0, 0)
+    out[0:len(hdr)] = hdr
+    desc = b"# Disk DescriptorFile\nversion=1\nCID=fffffffe\nparentCID=ffffffff\n"
+    out[512:512 + len(desc)] = desc
+    gd = [gt_off + t * gt_sec for t in range(ngt)]
+    out[gd_off * 512:gd_off * 512 + 4 * ngt] = struct.pack("<%dI" % ngt, *gd)
+    for t in range(ngt):
+        o = (gt_off + t * gt_sec) * 512
+        out[o:o + 4096 * 4] = struct.pack(
+            "<4096I", *gtes[t * 4096:(t + 1) * 4096])
+    with open(path, "wb") as f:
+        f.write(out)
+
+
+def test_vmdk3_reads_as_qemu(run, blkimg, qemu_img, tmp_path):
+    path = str(tmp_path / "v3.vmdk")
+    cowd_vmdk(path)
+    same_as_qemu(run, blkimg, qemu_img, path, tmp_path)
+
+
+def test_check_as_qemu_img(run, blkimg, qemu_img, qemu_io, tmp_path):
+    """Clean images, an entry past the end of the file, repairs refused:
+    the same output and exit codes."""
+    ok = str(tmp_path / "ok.vmdk")
+    run(qemu_img, "create", "-q", "-f", "vmdk", ok, "64M", check=True)
+    run(qemu_io, "-c", "write -P 1 0 128k", ok, check=True)
+    bad = str(tmp_path / "bad.vmdk")
+    with open(ok, "rb") as f:
+        data = bytearray(f.read())
+    gd = struct.unpack_from("<Q", data, 56)[0] * 512
+    gt = struct.unpack_from("<I", data, gd)[0] * 512
+    struct.pack_into("<I", data, gt + 4, 0x100000)
+    with open(bad, "wb") as f:
+        f.write(data)
+    flat = str(tmp_path / "flat.vmdk")
+    run(qemu_img, "create", "-q", "-f", "vmdk", "-o",
+        "subformat=monolithicFlat", flat, "1M", check=True)
+    for path in (ok, bad, flat):
+        for opts in ([], ["--output=json"], ["-r", "all"]):
+            q = run(qemu_img, "check", *opts, path)
+            b = run(blkimg, "check", *opts, path)
+            assert b.returncode == q.returncode, (path, opts)
+            assert b.stdout == q.stdout, (path, opts)
+            assert b.stderr.replace("blkimg:", "qemu-img:") == q.stderr

@@ -882,4 +882,5 @@ const struct bi_driver bi_drv_vmdk = {
     .co_block_status = vmdk_co_block_status,
     .get_allocated_file_size = vmdk_allocated_size,
     .get_info = vmdk_get_info,
+    .check = vmdk_check,
 };

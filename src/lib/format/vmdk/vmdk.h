@@ -18,6 +18,7 @@
 #ifndef BI_FORMAT_VMDK_H
 #define BI_FORMAT_VMDK_H
 
+#include "blkimg/qcow2.h"
 #include "block/block.h"
 #include <stdbool.h>
 #include <stdint.h>
@@ -82,6 +83,12 @@ typedef struct vmdk_state {
 } vmdk_state;
 
 /* vmdk_map.c */
+/* The extent holding guest offset off, or NULL. */
+struct vmdk_extent *vmdk_find_extent(vmdk_state *s, uint64_t off);
+/* The grain table entry of the grain holding extent-relative offset rel
+ * of sparse extent e (*no_gt: its table is missing, *gte 0). -EIO past
+ * the directory, or a read error. In a coroutine, s->lock held. */
+int vmdk_gte(struct vmdk_extent *e, uint64_t rel, uint32_t *gte, bool *no_gt);
 int vmdk_co_map(bi_node *n, uint64_t off, uint64_t len, unsigned flags,
                 struct bi_extent *ext);
 int vmdk_co_write_done(bi_node *n, struct bi_extent *ext, int ret);
@@ -103,6 +110,9 @@ int vmdk_error(bi_error *err, int code, const char *fmt, ...)
 uint32_t vmdk_random_cid(void);
 /* Writes a new random CID into the descriptor (first write after open). */
 int vmdk_update_cid(bi_node *n);
+
+/* vmdk_check.c */
+int vmdk_check(bi_node *n, struct bi_check_result *res, int fix, bi_error *err);
 
 /* vmdk_create.c */
 extern const struct bi_opt_desc vmdk_create_opts[];

@@ -78,7 +78,7 @@ static int gt_get(struct vmdk_extent *e, uint32_t sector, uint32_t **out)
 
 /* ------------------------------------------------------------ mapping */
 
-static struct vmdk_extent *find_extent(vmdk_state *s, uint64_t off)
+struct vmdk_extent *vmdk_find_extent(vmdk_state *s, uint64_t off)
 {
     int lo = 0, hi = s->n_ext - 1;
     while (lo <= hi) {
@@ -94,6 +94,25 @@ static struct vmdk_extent *find_extent(vmdk_state *s, uint64_t off)
     return NULL;
 }
 
+int vmdk_gte(struct vmdk_extent *e, uint64_t rel, uint32_t *gte, bool *no_gt)
+{
+    uint64_t g = rel / e->grain;
+    uint64_t gdi = g / e->gt_entries, gti = g % e->gt_entries;
+    *gte = 0;
+    *no_gt = false;
+    if (gdi >= e->gd_entries)
+        return -EIO;
+    if (!e->gd[gdi]) {
+        *no_gt = true;
+        return 0;
+    }
+    uint32_t *gt;
+    int ret = gt_get(e, e->gd[gdi], &gt);
+    if (ret == 0)
+        *gte = gt[gti];
+    return ret;
+}
+
 /* What the grain holding extent-relative offset rel is, as one run up to
  * the end of that grain, or (for a grain table the directory lacks) up to
  * the end of the table's span. -EIO for an offset past the directory or an
@@ -101,22 +120,17 @@ static struct vmdk_extent *find_extent(vmdk_state *s, uint64_t off)
 static int grain_run(struct vmdk_extent *e, uint64_t rel, struct run *r)
 {
     uint64_t g = rel / e->grain, in = rel % e->grain;
-    uint64_t gdi = g / e->gt_entries, gti = g % e->gt_entries;
+    uint32_t gte;
+    bool no_gt;
     r->e = e;
-    if (gdi >= e->gd_entries)
-        return -EIO;
-    if (!e->gd[gdi]) {
-        r->kind = RUN_UNALLOC;
-        r->len = (e->gt_entries - gti) * e->grain - in;
-        return 0;
-    }
-    uint32_t *gt;
-    int ret = gt_get(e, e->gd[gdi], &gt);
+    int ret = vmdk_gte(e, rel, &gte, &no_gt);
     if (ret < 0)
         return ret;
-    uint32_t gte = gt[gti];
     r->len = e->grain - in;
-    if (gte == 0) {
+    if (no_gt) {
+        r->kind = RUN_UNALLOC;
+        r->len += (e->gt_entries - 1 - g % e->gt_entries) * e->grain;
+    } else if (gte == 0) {
         r->kind = RUN_UNALLOC;
     } else if (gte == VMDK_GTE_ZEROED && e->zero_grain) {
         r->kind = RUN_ZERO;
@@ -134,7 +148,7 @@ static int grain_run(struct vmdk_extent *e, uint64_t rel, struct run *r)
  * not past the extent): host-contiguous grains are one run. */
 static int map_run(vmdk_state *s, uint64_t off, uint64_t len, struct run *r)
 {
-    struct vmdk_extent *e = find_extent(s, off);
+    struct vmdk_extent *e = vmdk_find_extent(s, off);
     if (!e)
         return -EIO;
     uint64_t rel = off - e->start, limit = BI_MIN(len, e->len - rel);
@@ -271,7 +285,7 @@ int vmdk_co_read_compressed(bi_node *n, const struct bi_extent *ext,
                             int iovcnt)
 {
     vmdk_state *s = n->opaque;
-    struct vmdk_extent *e = find_extent(s, off);
+    struct vmdk_extent *e = vmdk_find_extent(s, off);
     if (!e || e->flat || ext->host != e->file)
         return -EIO;
     uint64_t in = (off - e->start) % e->grain;
@@ -479,7 +493,7 @@ int vmdk_co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags)
 {
     (void)flags;
     vmdk_state *s = n->opaque;
-    struct vmdk_extent *e = find_extent(s, off);
+    struct vmdk_extent *e = vmdk_find_extent(s, off);
     if (!e || e->flat || !e->zero_grain || e->compressed ||
         (off - e->start) % e->grain || len % e->grain ||
         len > e->len - (off - e->start))
@@ -590,7 +604,7 @@ int vmdk_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
     vmdk_state *s = n->opaque;
     if (len == 0)
         return end_stream(n);
-    struct vmdk_extent *e = find_extent(s, off);
+    struct vmdk_extent *e = vmdk_find_extent(s, off);
     if (e && !e->compressed)
         return plain_write(n, off, buf, BI_MIN(len, e->start + e->len - off));
     int ret = 0;
