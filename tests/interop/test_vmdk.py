@@ -308,7 +308,8 @@ def masked(path):
     with open(path, "rb") as f:
         data = f.read()
     if data[:4] != b"KDMV":
-        return len(data), mask_cids(data.split(b"\0")[0])
+        # in whole sectors: the CIDs' lengths change the text's
+        return (len(data) + 511) // 512, mask_cids(data.split(b"\0")[0])
     desc = mask_cids(data[512:512 * 21].split(b"\0")[0])
     return data[:512] + desc + data[512 * 21:]
 

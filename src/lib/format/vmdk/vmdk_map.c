@@ -257,7 +257,9 @@ int vmdk_co_block_status(bi_node *n, uint64_t off, uint64_t len,
 static int inflate_grain(struct vmdk_extent *e, uint64_t host, uint8_t *out,
                          uint64_t *out_len)
 {
-    uint64_t cap = 2 * e->grain;
+    uint64_t cap = 2 * e->grain; /* QEMU's reach, cut at the file's end */
+    if (host < e->file_size)
+        cap = BI_MIN(cap, bi_align_up(e->file_size - host, VMDK_SECTOR));
     uint8_t *in = bi_alloc_aligned(4096, cap);
     if (!in)
         return -ENOMEM;
@@ -267,8 +269,10 @@ static int inflate_grain(struct vmdk_extent *e, uint64_t host, uint8_t *out,
     if (ret == 0 && e->has_marker) {
         data_len = bi_ld_le32(in + 8);
         data = in + 12;
-        if (data_len > cap - 12)
+        if (cap < 12 || data_len > cap - 12)
             ret = -EINVAL;
+    } else if (ret == 0) {
+        data_len = BI_MIN(data_len, cap);
     }
     if (ret == 0 && data_len == 0)
         ret = -EINVAL;
@@ -291,7 +295,9 @@ int vmdk_co_read_compressed(bi_node *n, const struct bi_extent *ext,
     uint64_t in = (off - e->start) % e->grain;
     if (in + len > e->grain)
         return -EINVAL;
-    uint8_t *buf = bi_xmalloc(e->grain);
+    uint8_t *buf = malloc(e->grain);
+    if (!buf)
+        return -ENOMEM;
     uint64_t got = 0;
     int ret = inflate_grain(e, ext->host_offset, buf, &got);
     if (ret == 0 && in + len > got)
