@@ -114,7 +114,8 @@ def contiguous_map(run, blkimg, path):
     return json.loads(cp.stdout)
 
 
-def test_grains_map_as_one_extent(run, blkimg, qemu_img, qemu_io, tmp_path):
+def test_grains_map_as_one_extent(run, blkimg, blkimg_io, qemu_img, qemu_io,
+                                  tmp_path):
     """32 MiB written at once spans several grain tables (one covers 32
     MiB at 64 KiB grains) and is one host run: one map entry."""
     path = str(tmp_path / "big.vmdk")
@@ -123,6 +124,14 @@ def test_grains_map_as_one_extent(run, blkimg, qemu_img, qemu_io, tmp_path):
     m = contiguous_map(run, blkimg, path)
     data = [e for e in m if e["data"]]
     assert len(data) == 1 and data[0]["length"] == 32 << 20
+
+    def io_calls(length):
+        cp = run(blkimg_io, "--stats", "-r", "-c", "read 16M %d" % length,
+                 path)
+        assert cp.returncode == 0, cp.stderr
+        return int(re.search(r"io calls: (\d+)", cp.stdout + cp.stderr)[1])
+    # the whole run is one read; the second grain table one more
+    assert io_calls(32 << 20) <= io_calls(65536) + 1
 
 
 # ---------------------------------------------------- VMware's stream

@@ -7,6 +7,7 @@
  * first, then its entry in the grain table and in the redundant one, as
  * QEMU keeps both.
  */
+#include "io/aio.h"
 #include "util/util.h"
 #include "vmdk.h"
 
@@ -251,36 +252,48 @@ int vmdk_co_block_status(bi_node *n, uint64_t off, uint64_t len,
 
 /* ------------------------------------------------------ compressed grains */
 
+struct inflate_job {
+    const uint8_t *src;
+    uLong slen;
+    uint8_t *dst;
+    uLongf dlen;
+};
+
+static int inflate_fn(void *arg)
+{
+    struct inflate_job *j = arg;
+    return uncompress(j->dst, &j->dlen, j->src, j->slen) == Z_OK ? 0 : -EINVAL;
+}
+
 /* Inflates the zlib stream of one grain at host (a 12-byte marker first
- * where the extent has markers; QEMU reads two grains' worth) into out
- * (e->grain bytes); *out_len is what came out. */
+ * where the extent has markers; QEMU reads up to two grains' worth, cut
+ * here at the end of the file) into out (e->grain bytes) on a worker
+ * thread; *out_len is what came out. The first 4 KiB tell how much more
+ * to read. */
 static int inflate_grain(struct vmdk_extent *e, uint64_t host, uint8_t *out,
                          uint64_t *out_len)
 {
-    uint64_t cap = 2 * e->grain; /* QEMU's reach, cut at the file's end */
+    uint64_t cap = 2 * e->grain;
     if (host < e->file_size)
         cap = BI_MIN(cap, bi_align_up(e->file_size - host, VMDK_SECTOR));
     uint8_t *in = bi_alloc_aligned(4096, cap);
     if (!in)
         return -ENOMEM;
-    int ret = bi_co_pread(e->file, host, in, cap);
-    const uint8_t *data = in;
-    uint64_t data_len = e->grain;
-    if (ret == 0 && e->has_marker) {
-        data_len = bi_ld_le32(in + 8);
-        data = in + 12;
-        if (cap < 12 || data_len > cap - 12)
-            ret = -EINVAL;
-    } else if (ret == 0) {
-        data_len = BI_MIN(data_len, cap);
-    }
-    if (ret == 0 && data_len == 0)
+    uint64_t first = BI_MIN(cap, 4096), skip = e->has_marker ? 12 : 0;
+    int ret = bi_co_pread(e->file, host, in, first);
+    uint64_t data_len = BI_MIN(e->grain, cap);
+    if (ret == 0 && e->has_marker)
+        data_len = cap < 12 ? 0 : bi_ld_le32(in + 8);
+    if (ret == 0 && (data_len == 0 || data_len > cap - skip))
         ret = -EINVAL;
-    uLongf olen = (uLongf)e->grain;
-    if (ret == 0 && uncompress(out, &olen, data, (uLong)data_len) != Z_OK)
-        ret = -EINVAL;
+    if (ret == 0 && skip + data_len > first)
+        ret = bi_co_pread(e->file, host + first, in + first,
+                          skip + data_len - first);
+    struct inflate_job j = {in + skip, (uLong)data_len, out, (uLongf)e->grain};
+    if (ret == 0)
+        ret = bi_run_in_thread(inflate_fn, &j);
     bi_free_aligned(in);
-    *out_len = olen;
+    *out_len = j.dlen;
     return ret;
 }
 
