@@ -514,3 +514,28 @@ def test_check_as_qemu_img(run, blkimg, qemu_img, qemu_io, tmp_path):
             assert b.returncode == q.returncode, (path, opts)
             assert b.stdout == q.stdout, (path, opts)
             assert b.stderr.replace("blkimg:", "qemu-img:") == q.stderr
+
+
+def test_stream_optimized_writes_as_qemu_io(run, blkimg_io, qemu_img, qemu_io,
+                                            tmp_path):
+    """streamOptimized takes whole grains (or the image's tail) once,
+    compressed at the end of the file; a rewrite fails with EIO."""
+    cmds = ["write -P 1 0 64k", "write -P 2 128k 128k", "write -P 3 1000 10",
+            "write -P 4 0 64k", "write -z 1M 64k", "write -P 5 10176k 64k"]
+    args = []
+    for c in cmds:
+        args += ["-c", c]
+    outs = []
+    for tool, exe in (("q", qemu_io), ("b", blkimg_io)):
+        d = tmp_path / tool
+        d.mkdir()
+        path = str(d / "s.vmdk")
+        run(qemu_img, "create", "-q", "-f", "vmdk", "-o",
+            "subformat=streamOptimized", path, "10M", check=True)
+        cp = run(exe, *args, path)
+        outs.append([l for l in cp.stdout.splitlines()
+                     if l.startswith(("wrote", "write failed"))])
+    assert outs[0] == outs[1]
+    q, b = str(tmp_path / "q" / "s.vmdk"), str(tmp_path / "b" / "s.vmdk")
+    assert masked(b) == masked(q)
+    assert run(qemu_img, "check", b).returncode == 0

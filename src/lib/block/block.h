@@ -77,7 +77,8 @@ struct bi_geometry {
     uint64_t vm_state_offset;
     /* Data is written compressed only, whole clusters in guest order
      * (QEMU's needs_compressed_writes: vmdk's streamOptimized): the copy
-     * engine writes such a target as with -c. */
+     * engine writes such a target as with -c, and ordinary writes go to
+     * co_pwrite_compressed. */
     bool compressed_writes_only;
 };
 

@@ -553,13 +553,22 @@ static int write_compressed_grain(bi_node *n, struct vmdk_extent *e,
     uint64_t used = 12 + clen;
     memset(out + used, 0, bi_align_up(used, VMDK_SECTOR) - used);
     uint64_t host = e->next_grain;
-    int ret = bi_co_pwrite(e->file, host, out, used, 0);
+    int ret = 0;
+    if (host + e->grain > e->file_size) {
+        /* QEMU zero-fills the whole grain first: the file reaches its end */
+        bi_error err;
+        bi_error_init(&err);
+        ret = e->file->drv->co_truncate(e->file, host + e->grain, false,
+                                        BI_PREALLOC_OFF, &err);
+        if (ret == 0)
+            e->file_size = host + e->grain;
+    }
+    if (ret == 0)
+        ret = bi_co_pwrite(e->file, host, out, used, 0);
     bi_free_aligned(out);
     if (ret < 0)
         return ret;
-    /* QEMU zero-fills the whole grain first: the file reaches its end */
     e->next_grain = bi_align_up(host + used, VMDK_SECTOR);
-    e->file_size = BI_MAX(e->file_size, host + e->grain);
     return commit_grains(e, (off - e->start) / e->grain, 1,
                          (uint32_t)(host / VMDK_SECTOR), 0);
 }
@@ -636,11 +645,11 @@ int vmdk_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
         e = r.e;
         uint64_t rel = off + done - e->start;
         uint64_t l = BI_MIN(e->grain, len - done);
-        if (!e->compressed || !e->has_marker || rel % e->grain ||
-            (l < e->grain && off + done + l != e->start + e->len))
-            ret = -EINVAL;
-        else if (r.kind == RUN_COMPRESSED || r.kind == RUN_DATA)
+        if (r.kind == RUN_COMPRESSED || r.kind == RUN_DATA)
             ret = -EIO; /* QEMU: no rewriting of an allocated grain */
+        else if (!e->compressed || !e->has_marker || rel % e->grain ||
+                 (l < e->grain && off + done + l != e->start + e->len))
+            ret = -EINVAL;
         else if (!e->gd[rel / e->grain / e->gt_entries])
             ret = -EIO;
         else
