@@ -181,9 +181,8 @@ static int check_gts(struct vmdk_extent *e, bi_error *err)
 
 /* The checks QEMU's vmdk_add_extent makes, then the sizes; capacity and
  * grain in sectors. */
-static int sparse_geometry(vmdk_state *s, struct vmdk_extent *e,
-                           uint64_t capacity, uint64_t grain, uint32_t gtes,
-                           bi_error *err)
+static int sparse_geometry(struct vmdk_extent *e, uint64_t capacity,
+                           uint64_t grain, uint32_t gtes, bi_error *err)
 {
     if (grain > VMDK_MAX_GRAIN_SECTORS)
         return vmdk_error(err, -EFBIG,
@@ -195,7 +194,6 @@ static int sparse_geometry(vmdk_state *s, struct vmdk_extent *e,
     uint64_t before = e->start;
     if (capacity > (INT64_MAX - before) / VMDK_SECTOR)
         return vmdk_error(err, -EFBIG, "Image size too big");
-    (void)s;
     e->len = capacity * VMDK_SECTOR;
     e->grain = grain * VMDK_SECTOR;
     e->gt_entries = gtes;
@@ -305,7 +303,7 @@ static int open_vmdk4(bi_node *n, bi_node *file, bool own,
                          (int64_t)(grain_off * VMDK_SECTOR));
         goto fail;
     }
-    ret = sparse_geometry(s, e, ld_le64(h + H4_CAPACITY),
+    ret = sparse_geometry(e, ld_le64(h + H4_CAPACITY),
                           ld_le64(h + H4_GRANULARITY),
                           bi_ld_le32(h + H4_NUM_GTES), err);
     if (ret < 0)
@@ -354,7 +352,7 @@ static int open_vmdk3(bi_node *n, bi_node *file, bool own, bi_error *err)
         ret = vmdk_error(err, -EINVAL, "L1 entry size is invalid");
         goto fail;
     }
-    ret = sparse_geometry(s, e, bi_ld_le32(h + 12), grain, 4096, err);
+    ret = sparse_geometry(e, bi_ld_le32(h + 12), grain, 4096, err);
     if (ret == 0 && gd_entries > VMDK_MAX_GD_ENTRIES)
         ret = vmdk_error(err, -EFBIG, "L1 size too big");
     if (ret < 0)
@@ -442,7 +440,7 @@ static char *dir_of(const char *path)
 }
 
 /* Opens the file an extent line names, relative to the descriptor. */
-static bi_node *open_extent_file(bi_node *n, const char *fname,
+static bi_node *open_extent_file(bi_node *n, const char *fname, bool flat,
                                  const struct bi_open_opts *o, bi_error *err)
 {
     char *dir = dir_of(n->file->filename);
@@ -459,6 +457,19 @@ static bi_node *open_extent_file(bi_node *n, const char *fname,
     bi_error e;
     bi_error_init(&e);
     bi_node *f = bi_open_protocol(path, &eo, &e);
+    /* QEMU's locks: a file with metadata as the image's own file; a flat
+     * one (data only) lets others write, not resize */
+    unsigned perm = BI_PERM_CONSISTENT_READ |
+                    (eo.read_write ? BI_PERM_WRITE : 0) |
+                    (eo.read_write && !flat ? BI_PERM_RESIZE : 0);
+    unsigned shared =
+        BI_PERM_ALL & ~(BI_PERM_RESIZE | (flat ? 0 : BI_PERM_WRITE));
+    if (f && bi_node_set_perm(f, perm, shared, &e) < 0) {
+        if (f->drv->close)
+            f->drv->close(f);
+        bi_node_free(f);
+        f = NULL;
+    }
     if (!f) /* "Could not open '<path>': <cause>", as QEMU's */
         vmdk_error(err, e.code ? e.code : -EIO, "%s", e.msg);
     free(dir);
@@ -476,7 +487,7 @@ static int add_file_extent(bi_node *n, const char *type, int64_t sectors,
     bool flat = !strcmp(type, "FLAT") || !strcmp(type, "VMFS");
     if (!flat && !strcmp(type, "SESPARSE"))
         return vmdk_error(err, -ENOTSUP, "Unsupported extent type '%s'", type);
-    bi_node *f = open_extent_file(n, fname, o, err);
+    bi_node *f = open_extent_file(n, fname, flat, o, err);
     if (!f)
         return err && err->code ? err->code : -EIO;
     int ret = 0;
