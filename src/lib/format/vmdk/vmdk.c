@@ -259,8 +259,50 @@ static int check_vmdk4(bi_node *n, const uint8_t *h, bool compressed,
     return 0;
 }
 
-/* A hosted sparse extent ("KDMV") on file; a header of capacity 0 that
- * points to a descriptor makes the file a descriptor (depth 0 only). */
+/* Fills extent e from VMDK 4 header h (magic included): QEMU's checks,
+ * then the directories, which must lie inside the file. */
+static int vmdk4_extent(bi_node *n, struct vmdk_extent *e, const uint8_t *h,
+                        bi_error *err)
+{
+    vmdk_state *s = n->opaque;
+    bool compressed = (h[H4_COMPRESS] | h[H4_COMPRESS + 1] << 8) == 1;
+    int ret = check_vmdk4(n, h, compressed, err);
+    if (ret < 0)
+        return ret;
+    uint32_t flags = bi_ld_le32(h + H4_FLAGS);
+    uint64_t grain_off = ld_le64(h + H4_GRAIN_OFFSET);
+    uint64_t sectors = bi_align_up(e->file_size, VMDK_SECTOR) / VMDK_SECTOR;
+    if (sectors < grain_off)
+        return vmdk_error(err, -EINVAL,
+                          "File truncated, expecting at least %" PRId64
+                          " bytes",
+                          (int64_t)(grain_off * VMDK_SECTOR));
+    ret = sparse_geometry(e, ld_le64(h + H4_CAPACITY),
+                          ld_le64(h + H4_GRANULARITY),
+                          bi_ld_le32(h + H4_NUM_GTES), err);
+    if (ret < 0)
+        return ret;
+    e->data_start = grain_off * VMDK_SECTOR;
+    e->compressed = compressed;
+    if (compressed)
+        snprintf(s->create_type, sizeof(s->create_type), "streamOptimized");
+    e->has_marker = (flags & VMDK4_FLAG_MARKER) != 0;
+    e->zero_grain = (flags & VMDK4_FLAG_ZERO_GRAIN) != 0;
+    e->version = (int)bi_ld_le32(h + H4_VERSION);
+    uint64_t gd = ld_le64(h + H4_GD_OFFSET), rgd = ld_le64(h + H4_RGD_OFFSET);
+    if (!(flags & VMDK4_FLAG_RGD))
+        rgd = 0;
+    if (gd > sectors || rgd > sectors)
+        return vmdk_error(err, -EINVAL,
+                          "l1 table of extent '%s' lies beyond the end of "
+                          "the file",
+                          e->file->filename);
+    return sparse_tables(n, e, gd * VMDK_SECTOR, rgd * VMDK_SECTOR, err);
+}
+
+/* A hosted sparse extent ("KDMV") on file (the header from the footer if
+ * the GD is at the end of a stream); a header of capacity 0 that points
+ * to a descriptor makes the file a descriptor (depth 0 only). */
 static int open_vmdk4(bi_node *n, bi_node *file, bool own,
                       const struct bi_open_opts *o, int depth, bi_error *err)
 {
@@ -269,8 +311,7 @@ static int open_vmdk4(bi_node *n, bi_node *file, bool own,
     int ret = bi_co_pread(file, 0, h, sizeof(h));
     if (ret < 0)
         return vmdk_error(err, -EINVAL,
-                          "Could not read header from file "
-                          "'%s': %s",
+                          "Could not read header from file '%s': %s",
                           file->filename, strerror(-ret));
     uint64_t desc_off = ld_le64(h + H4_DESC_OFFSET);
     if (ld_le64(h + H4_CAPACITY) == 0 && desc_off) {
@@ -286,51 +327,15 @@ static int open_vmdk4(bi_node *n, bi_node *file, bool own,
     if (!s->create_type[0])
         snprintf(s->create_type, sizeof(s->create_type), "monolithicSparse");
     struct vmdk_extent *e = add_extent(s, file, own, 0);
-    if (ld_le64(h + H4_GD_OFFSET) == VMDK4_GD_AT_END) {
+    if (ld_le64(h + H4_GD_OFFSET) == VMDK4_GD_AT_END)
         ret = read_footer(e, h, err);
-        if (ret < 0)
-            goto fail;
-    }
-    bool compressed = (h[H4_COMPRESS] | h[H4_COMPRESS + 1] << 8) == 1;
-    ret = check_vmdk4(n, h, compressed, err);
-    if (ret < 0)
-        goto fail;
-    uint32_t flags = bi_ld_le32(h + H4_FLAGS);
-    uint64_t grain_off = ld_le64(h + H4_GRAIN_OFFSET);
-    if (bi_align_up(e->file_size, VMDK_SECTOR) / VMDK_SECTOR < grain_off) {
-        ret = vmdk_error(err, -EINVAL,
-                         "File truncated, expecting at least %" PRId64 " bytes",
-                         (int64_t)(grain_off * VMDK_SECTOR));
-        goto fail;
-    }
-    ret = sparse_geometry(e, ld_le64(h + H4_CAPACITY),
-                          ld_le64(h + H4_GRANULARITY),
-                          bi_ld_le32(h + H4_NUM_GTES), err);
-    if (ret < 0)
-        goto fail;
-    e->data_start = grain_off * VMDK_SECTOR;
-    e->compressed = compressed;
-    if (compressed)
-        snprintf(s->create_type, sizeof(s->create_type), "streamOptimized");
-    e->has_marker = (flags & VMDK4_FLAG_MARKER) != 0;
-    e->zero_grain = (flags & VMDK4_FLAG_ZERO_GRAIN) != 0;
-    e->version = (int)bi_ld_le32(h + H4_VERSION);
-    uint64_t gd = ld_le64(h + H4_GD_OFFSET), rgd = ld_le64(h + H4_RGD_OFFSET);
-    if (gd > e->file_size || ((flags & VMDK4_FLAG_RGD) && rgd > e->file_size)) {
-        ret = vmdk_error(err, -EINVAL,
-                         "l1 table of extent '%s' lies beyond the end of the "
-                         "file",
-                         file->filename);
-        goto fail;
-    }
-    ret = sparse_tables(n, e, gd * VMDK_SECTOR,
-                        (flags & VMDK4_FLAG_RGD) ? rgd * VMDK_SECTOR : 0, err);
     if (ret == 0)
-        return 0;
-fail:
-    e->own_file = false; /* the caller closes the file */
-    free_extent(e);
-    s->n_ext--;
+        ret = vmdk4_extent(n, e, h, err);
+    if (ret < 0) {
+        e->own_file = false; /* the caller closes the file */
+        free_extent(e);
+        s->n_ext--;
+    }
     return ret;
 }
 
