@@ -428,8 +428,10 @@ def test_create_help(run, blkimg, qemu_img):
 
 @pytest.mark.parametrize("how", [["-o", "subformat=streamOptimized"], ["-c"],
                                  ["-t", "none", "-o",
-                                  "subformat=streamOptimized"]],
-                         ids=["stream", "compress", "stream-direct"])
+                                  "subformat=streamOptimized"],
+                                 ["-o", "subformat=monolithicFlat"], []],
+                         ids=["stream", "compress", "stream-direct", "flat",
+                              "sparse"])
 def test_convert_to_vmdk_as_qemu_img(run, blkimg, qemu_img, qemu_io, tmp_path,
                                      how):
     """convert -O vmdk writes the files qemu-img writes: streamOptimized
