@@ -208,14 +208,17 @@ static int check_plain_name(const char *what, const char *name, bi_error *err)
     return 0;
 }
 
-/* offset + len must be inside the file, offset cluster aligned. */
+/* offset cluster aligned, offset + len representable and inside the file;
+ * opened for check, a table past the end of the file is left for the
+ * check to report (it reads as zeroes there), as QEMU does. */
 static bool table_ok(const qcow2_state *s, uint64_t offset, uint64_t len)
 {
     if (offset & (s->cluster_size - 1))
         return false;
     if (offset > INT64_MAX - len)
         return false;
-    if (offset + len > bi_align_up(s->file_size, s->cluster_size))
+    if (!s->check_mode &&
+        offset + len > bi_align_up(s->file_size, s->cluster_size))
         return false;
     return true;
 }
@@ -551,8 +554,8 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
         s->data_file_raw = true;
     }
 
-    /* backing file */
-    if (backing_off) {
+    /* backing file (an empty name is none, as in QEMU) */
+    if (backing_off && backing_len) {
         if (backing_len > QCOW2_MAX_BACKING_NAME) {
             ret = qc_error(err, -EINVAL, "Backing file name too long");
             goto out;
