@@ -1,0 +1,220 @@
+# SPDX-License-Identifier: MIT
+"""vdi (VirtualBox) images against QEMU 7.2's qemu-img and qemu-io.
+
+Images qemu-img makes (dynamic and static, written by qemu-io: patterns,
+partial blocks, zeroes, runs of blocks) read in blkimg exactly as in QEMU:
+`info` (text and JSON), `map --output=json`, `convert` to raw and qcow2,
+blkimg-io reads with and without -t none. Damaged headers are refused
+with qemu-img's one line; damaged block maps read as QEMU reads them.
+"""
+import json
+import os
+import shutil
+import struct
+
+import pytest
+
+pytestmark = pytest.mark.qemu
+
+MiB = 1 << 20
+
+# qemu-io scripts run on fresh qemu-img images (name -> create options,
+# size, qemu-io commands)
+SCRIPTS = {
+    "dynamic": ([], "8M", [
+        "write -P 0xaa 2M 4096", "write -P 0xbb 512 1024",
+        "write -z 5M 1M", "write -P 0xcc 6M 2M"]),
+    "static": (["-o", "static=on"], "3M", ["write -P 0x11 1M 64k"]),
+    "odd-size": ([], "3000k", ["write -P 0x22 2M 900k"]),
+    "empty": ([], "0", []),
+}
+
+
+def qemu_image(run, qemu_img, qemu_io, d, name):
+    opts, size, cmds = SCRIPTS[name]
+    path = str(d / (name + ".vdi"))
+    run(qemu_img, "create", "-q", "-f", "vdi", *opts, path, size, check=True)
+    argv = [qemu_io, "-f", "vdi"]
+    for c in cmds:
+        argv += ["-c", c]
+    if cmds:
+        run(argv + [path], check=True)
+    return path
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    from conftest import run_cmd
+    d = tmp_path_factory.mktemp("vdi")
+    return {n: qemu_image(run_cmd, "qemu-img", "qemu-io", d, n)
+            for n in SCRIPTS}
+
+
+def copy(src, tmp_path, name=None):
+    dst = str(tmp_path / (name or os.path.basename(src)))
+    shutil.copyfile(src, dst)
+    return dst
+
+
+def same_output(run, a, b, argv):
+    """Runs argv (after the program) with blkimg a and qemu-img b; returns
+    the two results (exit code, stdout, stderr with the program's name
+    cut)."""
+    out = []
+    for prog, name in ((a, "blkimg: "), (b, "qemu-img: ")):
+        cp = run(prog, *argv)
+        out.append((cp.returncode, cp.stdout,
+                    cp.stderr.replace(name, "PROG: ")))
+    return out
+
+
+# --------------------------------------------------------------- reading
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_info_and_map_as_qemu(run, blkimg, qemu_img, images, tmp_path, name):
+    path = copy(images[name], tmp_path)
+    for argv in (["info", path], ["info", "--output=json", path],
+                 ["info", "-f", "vdi", path],
+                 ["map", "--output=json", path], ["map", path]):
+        mine, theirs = same_output(run, blkimg, qemu_img, argv)
+        assert mine == theirs, argv
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_convert_as_qemu(run, blkimg, qemu_img, images, tmp_path, name):
+    path = copy(images[name], tmp_path)
+    for fmt in ("raw", "qcow2"):
+        mine = str(tmp_path / ("b." + fmt))
+        theirs = str(tmp_path / ("q." + fmt))
+        run(blkimg, "convert", "-O", fmt, path, mine, check=True)
+        run(qemu_img, "convert", "-O", fmt, path, theirs, check=True)
+        if fmt == "raw":
+            with open(mine, "rb") as f, open(theirs, "rb") as g:
+                assert f.read() == g.read()
+        cp = run(qemu_img, "compare", "-f", "vdi", "-F", fmt, path, mine)
+        assert cp.returncode == 0, cp.stdout
+        run(blkimg, "compare", path, theirs, check=True)
+
+
+def test_reads_direct_io(run, blkimg_io, images, tmp_path):
+    path = copy(images["dynamic"], tmp_path)
+    for cache in ([], ["-t", "none"]):
+        cp = run(blkimg_io, "-r", *cache, "-c", "read -P 0 0 512",
+                 "-c", "read -P 0xbb 512 1024", "-c", "read -P 0 1536 2095616",
+                 "-c", "read -P 0xaa 2M 4096", "-c", "read -P 0 3M 3M",
+                 "-c", "read -P 0xcc 6M 2M", "-c", "read -P 0 2047k 1k",
+                 path)
+        assert cp.returncode == 0 and "Pattern verification failed" \
+            not in cp.stdout, (cache, cp.stdout)
+
+
+# --------------------------------------------------------------- hostile
+
+# (offset, struct format, value) written into a qemu-img image
+HOSTILE = {
+    "signature-f": (0x40, "<I", 0x12345678),
+    "version": (0x44, "<I", 0x00010002),
+    "major-version": (0x44, "<I", 0x00020001),
+    "bmap-unaligned": (0x154, "<I", 0x201),
+    "bmap-huge": (0x154, "<I", 0xffffff00),
+    "data-unaligned": (0x158, "<I", 0x201),
+    "sector-size": (0x168, "<I", 4096),
+    "disk-size-room": (0x170, "<Q", 0x100000001),
+    "disk-size-max": (0x170, "<Q", 0xfffffffffffff000),
+    "block-size": (0x178, "<I", 4096),
+    "few-blocks": (0x180, "<I", 7),
+    "too-many-blocks": (0x180, "<I", 0x40000000),
+    "all-blocks": (0x180, "<I", 0xffffffff),
+    "link-uuid": (0x1a8, "<I", 1),
+    "parent-uuid": (0x1b8, "<I", 1),
+}
+
+
+def damage(src, dst, off, fmt, value):
+    shutil.copyfile(src, dst)
+    with open(dst, "r+b") as f:
+        f.seek(off)
+        f.write(struct.pack(fmt, value))
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE))
+def test_hostile_header_refused(run, blkimg, blkimg_io, qemu_img, images,
+                                tmp_path, case):
+    path = str(tmp_path / "bad.vdi")
+    damage(images["dynamic"], path, *HOSTILE[case])
+    with open(path, "rb") as f:
+        before = f.read()
+    mine, theirs = same_output(run, blkimg, qemu_img,
+                               ["info", "-f", "vdi", path])
+    assert mine == theirs
+    assert mine[0] == 1 and len(mine[2].splitlines()) == 1
+    cp = run(blkimg_io, "-f", "vdi", "-c", "write 0 512", path)
+    assert cp.returncode == 1 and len(cp.stderr.splitlines()) == 1
+    with open(path, "rb") as f:
+        assert f.read() == before
+
+
+def test_short_file(run, blkimg, qemu_img, images, tmp_path):
+    path = str(tmp_path / "short.vdi")
+    with open(images["dynamic"], "rb") as f:
+        head = f.read(300)
+    with open(path, "wb") as f:
+        f.write(head)
+    mine, theirs = same_output(run, blkimg, qemu_img, ["info", path])
+    assert mine == theirs and mine[0] == 1
+
+
+def test_block_map_beyond_file_refused(run, blkimg, images, tmp_path):
+    """QEMU reads a block map past the end of the file as zeroes; blkimg
+    refuses it rather than allocate a map for blocks the file cannot
+    hold."""
+    path = str(tmp_path / "bad.vdi")
+    damage(images["dynamic"], path, 0x154, "<I", 0x10000000)
+    cp = run(blkimg, "info", path)
+    assert cp.returncode == 1
+    assert cp.stderr == ("blkimg: Could not open '%s': VDI block map (8 "
+                         "entries at offset 0x10000000) lies beyond the end "
+                         "of the file\n" % path)
+
+
+def bad_map(src, dst, entries):
+    """A copy of src with block map entries replaced ({block: entry})."""
+    shutil.copyfile(src, dst)
+    with open(dst, "r+b") as f:
+        f.seek(0x154)
+        bmap = struct.unpack("<I", f.read(4))[0]
+        for block, entry in entries.items():
+            f.seek(bmap + 4 * block)
+            f.write(struct.pack("<I", entry))
+
+
+# entries pointing past the file, far past it, shared and discarded
+BAD_MAPS = {
+    "past-end": {1: 7},
+    "far": {1: 0x3ffffff0},
+    "shared": {3: 2},
+    "discarded": {2: 0xfffffffe},
+    "data-offset": {},
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_MAPS))
+def test_bad_map_reads_as_qemu(run, blkimg, blkimg_io, qemu_img, images,
+                               tmp_path, case):
+    path = str(tmp_path / "bad.vdi")
+    bad_map(images["dynamic"], path, BAD_MAPS[case])
+    if case == "data-offset":
+        damage(path, str(tmp_path / "t.vdi"), 0x158, "<I", 0x10000000)
+        os.replace(str(tmp_path / "t.vdi"), path)
+    with open(path, "rb") as f:
+        before = f.read()
+    mine, theirs = same_output(run, blkimg, qemu_img,
+                               ["map", "--output=json", path])
+    assert mine == theirs
+    b, q = str(tmp_path / "b.raw"), str(tmp_path / "q.raw")
+    run(blkimg, "convert", "-O", "raw", path, b, check=True)
+    run(qemu_img, "convert", "-O", "raw", path, q, check=True)
+    with open(b, "rb") as f, open(q, "rb") as g:
+        assert f.read() == g.read()
+    with open(path, "rb") as f:
+        assert f.read() == before
