@@ -218,3 +218,91 @@ def test_bad_map_reads_as_qemu(run, blkimg, blkimg_io, qemu_img, images,
         assert f.read() == g.read()
     with open(path, "rb") as f:
         assert f.read() == before
+
+
+# --------------------------------------------------------------- writing
+
+# qemu-io commands run by qemu-io on one copy and blkimg-io on another:
+# allocating writes (whole, partial, across blocks, past allocated ones),
+# overwrites in place, zero writes (QEMU allocates them), discards (no-op)
+WRITES = [
+    "write -P 0xaa 2M 4096", "write -P 0xbb 512 1024", "write -z 5M 1M",
+    "write -P 0xcc 6M 2M", "write -P 0xdd 1000k 100k",
+    "write -P 0xee 2M 512", "write -P 0x5a 1536k 3M", "discard 0 64k",
+    "write -z 6M 4k", "write -P 0x77 7M 1M",
+]
+
+
+def qemu_io_cmds(cmds):
+    out = []
+    for c in cmds:
+        out += ["-c", c]
+    return out
+
+
+@pytest.mark.parametrize("name,cache", [("dynamic", []),
+                                        ("dynamic", ["-t", "none"]),
+                                        ("static", [])])
+def test_writes_as_qemu(run, blkimg, blkimg_io, qemu_img, qemu_io, tmp_path,
+                        name, cache):
+    """The same writes leave byte-identical files (header and map
+    included): blocks appended in QEMU's order, whole blocks written."""
+    opts = SCRIPTS[name][0]
+    base = str(tmp_path / "base.vdi")
+    run(qemu_img, "create", "-q", "-f", "vdi", *opts, base, "8M", check=True)
+    mine = copy(base, tmp_path, "mine.vdi")
+    theirs = copy(base, tmp_path, "theirs.vdi")
+    run(qemu_io, "-f", "vdi", *qemu_io_cmds(WRITES), theirs, check=True)
+    cp = run(blkimg_io, "-f", "vdi", *cache, *qemu_io_cmds(WRITES), mine)
+    assert cp.returncode == 0 and "failed" not in cp.stdout, cp.stdout
+    with open(mine, "rb") as f, open(theirs, "rb") as g:
+        assert f.read() == g.read()
+    cp = run(qemu_img, "check", mine)
+    assert (cp.returncode, cp.stdout) == (0, "No errors were found on the "
+                                             "image.\n")
+
+
+def test_blkimg_writes_read_by_qemu(run, blkimg_io, qemu_img, qemu_io,
+                                    tmp_path):
+    """Concurrent allocating writes (aio) and direct I/O: qemu-io reads
+    what blkimg wrote, qemu-img check is clean, after a reopen too."""
+    path = str(tmp_path / "w.vdi")
+    run(qemu_img, "create", "-q", "-f", "vdi", path, "16M", check=True)
+    cp = run(blkimg_io, "-f", "vdi", "-c", "aio_write -P 1 0 1M",
+             "-c", "aio_write -P 2 3M 2M", "-c", "aio_write -P 3 1536k 1M",
+             "-c", "aio_flush", path)
+    assert cp.returncode == 0, cp.stderr
+    cp = run(blkimg_io, "-f", "vdi", "-t", "none",
+             "-c", "write -P 7 7M 3000", "-c", "write -P 8 15M 1M",
+             "-c", "write -P 9 3M 512", path)
+    assert cp.returncode == 0, cp.stderr
+    reads = ["read -P 1 0 1M", "read -P 0 1M 512k", "read -P 3 1536k 1M",
+             "read -P 0 2560k 512k", "read -P 9 3M 512",
+             "read -P 2 3146240 2096640", "read -P 0 5M 2M",
+             "read -P 7 7M 3000", "read -P 0 7343032 1045576",
+             "read -P 8 15M 1M"]
+    for tool in (qemu_io, blkimg_io):
+        cp = run(tool, "-r", "-f", "vdi", *qemu_io_cmds(reads), path)
+        assert cp.returncode == 0, cp.stderr
+        assert "Pattern verification failed" not in cp.stdout, tool
+    cp = run(qemu_img, "check", path)
+    assert cp.returncode == 0, cp.stdout + cp.stderr
+
+
+@pytest.mark.parametrize("case", ["shared", "far", "data-offset"])
+def test_bad_map_refuses_writes(run, blkimg_io, images, tmp_path, case):
+    """A map whose next block would be shared, or out of range, takes no
+    write at all (QEMU's would overwrite data or the map)."""
+    path = str(tmp_path / "bad.vdi")
+    bad_map(images["dynamic"], path, BAD_MAPS[case])
+    if case == "data-offset":  # the data area overlaps the block map
+        damage(path, str(tmp_path / "t.vdi"), 0x158, "<I", 0x200)
+        os.replace(str(tmp_path / "t.vdi"), path)
+    with open(path, "rb") as f:
+        before = f.read()
+    for off in ("0", "1M", "4M"):
+        cp = run(blkimg_io, "-f", "vdi", "-c", "write -P 1 %s 512" % off,
+                 path)
+        assert cp.stdout == "write failed: Input/output error\n"
+    with open(path, "rb") as f:
+        assert f.read() == before

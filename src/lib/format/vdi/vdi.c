@@ -285,6 +285,7 @@ const struct bi_driver bi_drv_vdi = {
     .close = vdi_close,
     .refresh_limits = vdi_refresh_limits,
     .co_map = vdi_co_map,
+    .co_write_done = vdi_co_write_done,
     .get_geometry = vdi_get_geometry,
     .co_block_status = vdi_co_block_status,
 };
