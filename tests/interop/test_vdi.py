@@ -306,3 +306,88 @@ def test_bad_map_refuses_writes(run, blkimg_io, images, tmp_path, case):
         assert cp.stdout == "write failed: Input/output error\n"
     with open(path, "rb") as f:
         assert f.read() == before
+
+
+# -------------------------------------------------------------- creating
+
+UUIDS = slice(0x188, 0x1a8)  # image and last-snapshot UUIDs: random
+
+
+def without_uuids(data):
+    return data[:UUIDS.start] + data[UUIDS.stop:]
+
+
+# (size, extra arguments): the files and the output must be qemu-img's
+CREATES = [
+    ("3M", []), ("3M", ["-o", "static=on"]), ("0", []),
+    ("1000", []), ("3000k", []), ("129M", []),
+    ("5M", ["-o", "static=off,preallocation=full"]),
+    ("5M", ["-o", "preallocation=falloc"]), ("1M", ["-o", "static"]),
+    ("2M", ["-o", "static=on,nocow=on"]), (None, ["-o", "size=4M"]),
+    # refused
+    ("1M", ["-o", "static=maybe"]), ("1M", ["-o", "cluster_size=1M"]),
+    ("1M", ["-b", "base.vdi", "-F", "vdi"]), ("600T", []), (None, []),
+    ("5M", ["-o", "preallocation=metadata"]),
+]
+
+
+@pytest.mark.parametrize("size,args", CREATES,
+                         ids=["%s%s" % (c[0], "".join(c[1])) for c in CREATES])
+def test_create_as_qemu(run, blkimg, qemu_img, tmp_path, size, args):
+    outs = []
+    for prog, name in ((qemu_img, "q.vdi"), (blkimg, "b.vdi")):
+        path = str(tmp_path / name)
+        argv = [prog, "create", "-f", "vdi"] + args + [path]
+        cp = run(argv + ([size] if size else []), cwd=str(tmp_path))
+        text = (cp.stdout + cp.stderr).replace(path, "X")
+        text = text.replace("qemu-img: ", "").replace("blkimg: ", "")
+        content = None
+        if cp.returncode == 0:
+            with open(path, "rb") as f:
+                content = without_uuids(f.read())
+        outs.append((cp.returncode, text, content))
+    assert outs[0] == outs[1]
+    if outs[0][0] == 0:
+        path = str(tmp_path / "b.vdi")
+        cp = run(qemu_img, "check", path)
+        assert cp.returncode == 0, cp.stdout + cp.stderr
+        with open(path, "rb") as f:
+            uuids = f.read()[UUIDS]
+        assert uuids[7] >> 4 == 4 and uuids[8] >> 6 == 2  # version 4
+
+
+def test_create_help_as_qemu(run, blkimg, qemu_img):
+    mine, theirs = same_output(run, blkimg, qemu_img,
+                               ["create", "-f", "vdi", "-o", "help"])
+    assert mine == theirs
+
+
+@pytest.mark.parametrize("args", [[], ["-o", "static=on"]])
+def test_convert_to_vdi_as_qemu(run, blkimg, qemu_img, qemu_io, tmp_path,
+                                args):
+    src = str(tmp_path / "src.qcow2")
+    run(qemu_img, "create", "-q", "-f", "qcow2", src, "10M", check=True)
+    run(qemu_io, "-c", "write -P 1 0 100k", "-c", "write -P 2 3M 1500k",
+        "-c", "write -z 6M 1M", "-c", "write -P 3 9M 4k", src, check=True)
+    q, b = str(tmp_path / "q.vdi"), str(tmp_path / "b.vdi")
+    run(qemu_img, "convert", "-O", "vdi", *args, src, q, check=True)
+    run(blkimg, "convert", "-O", "vdi", *args, src, b, check=True)
+    with open(q, "rb") as f, open(b, "rb") as g:
+        assert without_uuids(f.read()) == without_uuids(g.read())
+    d = str(tmp_path / "d.vdi")
+    run(blkimg, "convert", "-t", "none", "-O", "vdi", *args, src, d,
+        check=True)
+    cp = run(qemu_img, "compare", src, d)
+    assert cp.returncode == 0, cp.stdout
+    assert run(qemu_img, "check", d).returncode == 0
+
+
+def test_no_measure_no_resize(run, blkimg, qemu_img, images, tmp_path):
+    """qemu-img 7.2 measures no vdi and resizes none: neither does
+    blkimg, in the same words."""
+    path = copy(images["dynamic"], tmp_path)
+    for argv in (["measure", "-O", "vdi", "--size", "10M"],
+                 ["measure", "-O", "vdi", path], ["resize", path, "16M"],
+                 ["resize", "-f", "vdi", "--shrink", path, "4M"]):
+        mine, theirs = same_output(run, blkimg, qemu_img, argv)
+        assert mine == theirs and mine[0] == 1, argv
