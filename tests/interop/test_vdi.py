@@ -391,3 +391,33 @@ def test_no_measure_no_resize(run, blkimg, qemu_img, images, tmp_path):
                  ["resize", "-f", "vdi", "--shrink", path, "4M"]):
         mine, theirs = same_output(run, blkimg, qemu_img, argv)
         assert mine == theirs and mine[0] == 1, argv
+
+
+# ---------------------------------------------------------------- check
+
+# block map damage check must find: {block: entry}, and a header count
+CHECKS = {
+    "clean": ({}, None),
+    "past-end": ({1: 7}, None),
+    "far": ({1: 0x3ffffff0}, None),
+    "shared": ({3: 2, 4: 2}, None),
+    "discarded": ({2: 0xfffffffe}, 4),
+    "count": ({}, 9),
+    "everything": ({0: 5, 1: 0xfffffffd, 4: 5}, 0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHECKS))
+def test_check_as_qemu(run, blkimg, qemu_img, images, tmp_path, case):
+    entries, count = CHECKS[case]
+    path = str(tmp_path / "c.vdi")
+    bad_map(images["dynamic"], path, entries)
+    if count is not None:
+        damage(path, str(tmp_path / "t.vdi"), 0x184, "<I", count)
+        os.replace(str(tmp_path / "t.vdi"), path)
+    for opts in ([], ["--output=json"], ["-r", "all"], ["-r", "leaks"],
+                 ["-q"]):
+        mine, theirs = same_output(run, blkimg, qemu_img,
+                                   ["check"] + opts + [path])
+        assert mine == theirs, opts
+    assert mine[0] == (0 if case in ("clean", "discarded") else 2)

@@ -290,4 +290,5 @@ const struct bi_driver bi_drv_vdi = {
     .co_write_done = vdi_co_write_done,
     .get_geometry = vdi_get_geometry,
     .co_block_status = vdi_co_block_status,
+    .check = vdi_check,
 };
