@@ -80,6 +80,27 @@ def test_info_and_map_as_qemu(run, blkimg, qemu_img, images, tmp_path, name):
         assert mine == theirs, argv
 
 
+@pytest.mark.parametrize("name", ["dynamic", "static"])
+def test_qemu_io_info_and_map(run, blkimg_io, qemu_io, images, tmp_path,
+                              name):
+    path = copy(images[name], tmp_path)
+    cmds = ["-c", "info", "-c", "map", "-c", "alloc 0 3M", "-c", "length"]
+    mine = run(blkimg_io, "-r", *cmds, path)
+    theirs = run(qemu_io, "-r", *cmds, path)
+    assert (mine.returncode, mine.stdout) == (theirs.returncode,
+                                              theirs.stdout)
+
+
+def test_image_opts(run, blkimg, blkimg_io, images, tmp_path):
+    path = copy(images["dynamic"], tmp_path)
+    opts = "driver=vdi,file.filename=" + path
+    cp = run(blkimg, "info", "--image-opts", opts, check=True)
+    assert "file format: vdi\n" in cp.stdout
+    cp = run(blkimg_io, "--image-opts", "-c", "write -P 0x42 3M 4k", "-c",
+             "read -P 0x42 3M 4k", opts, check=True)
+    assert "Pattern verification failed" not in cp.stdout
+
+
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_convert_as_qemu(run, blkimg, qemu_img, images, tmp_path, name):
     path = copy(images[name], tmp_path)

@@ -20,9 +20,10 @@ int vdi_error(bi_error *err, int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
-    bi_error_set(err, 0, "%s", buf);
-    if (err)
+    if (err && !err->code && !err->msg[0]) {
+        bi_error_set(err, 0, "%s", buf);
         err->code = code;
+    }
     return code;
 }
 
