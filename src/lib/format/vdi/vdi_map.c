@@ -174,6 +174,9 @@ static int commit(bi_node *n, vdi_state *s, const struct vdi_alloc *a)
         s->bmap[a->first + i] = htole32(a->index + i);
     uint32_t v = htole32(s->next_index);
     memcpy(s->raw + VH_ALLOCATED, &v, sizeof(v));
+    /* QEMU writes its header back with the disk size it rounded */
+    uint64_t size = htole64(vdi_guest_size(&s->h));
+    memcpy(s->raw + VH_DISK_SIZE, &size, sizeof(size));
     s->h.allocated = s->next_index;
     int ret = bi_co_pwrite(n->file, 0, s->raw, VDI_HEADER_SIZE, 0);
     if (ret < 0)
