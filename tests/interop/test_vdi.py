@@ -129,6 +129,28 @@ def test_reads_direct_io(run, blkimg_io, images, tmp_path):
             not in cp.stdout, (cache, cp.stdout)
 
 
+def io_calls(run, blkimg_io, path, cmd, rw=False):
+    ro = [] if rw else ["-r"]
+    cp = run(blkimg_io, "--stats", *ro, "-c", cmd, path, check=True)
+    line = [l for l in (cp.stdout + cp.stderr).splitlines()
+            if l.strip().startswith("io calls:")]
+    return int(line[0].split(":")[1])
+
+
+def test_contiguous_blocks_one_io(run, blkimg_io, images, tmp_path):
+    """Blocks 5 to 7 sit in host blocks 2 to 4: one read; an unallocated
+    block reads none."""
+    path = copy(images["dynamic"], tmp_path)
+    base = io_calls(run, blkimg_io, path, "read -P 0 1M 1M")
+    assert io_calls(run, blkimg_io, path, "read 5M 3M") == base + 1
+    assert io_calls(run, blkimg_io, path, "read 0 3M") == base + 2
+    # in place: one write; two new blocks: one data write, header, map
+    inplace = io_calls(run, blkimg_io, path, "write 0 512", rw=True)
+    assert inplace == base + 1
+    assert io_calls(run, blkimg_io, path, "write 3M 2M", rw=True) == \
+        base + 3
+
+
 # --------------------------------------------------------------- hostile
 
 # (offset, struct format, value) written into a qemu-img image
