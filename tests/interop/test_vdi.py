@@ -493,3 +493,28 @@ def test_accepted_fields_as_qemu(run, blkimg, qemu_img, images, tmp_path,
     run(qemu_img, "convert", "-O", "raw", path, q, check=True)
     with open(b, "rb") as f, open(q, "rb") as g:
         assert f.read() == g.read()
+
+
+def test_backing_file_and_commit(run, blkimg, qemu_img, qemu_io, images,
+                                 tmp_path):
+    """A qcow2 overlay over a vdi reads and maps as in QEMU; committing
+    it writes into the vdi, which qemu-img then finds clean."""
+    base = copy(images["dynamic"], tmp_path)
+    top = str(tmp_path / "top.qcow2")
+    run(qemu_img, "create", "-q", "-f", "qcow2", "-b", base, "-F", "vdi",
+        top, check=True)
+    run(qemu_io, "-c", "write -P 0x99 1M 64k", "-c", "write -P 0x98 5M 1k",
+        top, check=True)
+    for argv in (["map", "--output=json", top],
+                 ["info", "--backing-chain", top]):
+        mine, theirs = same_output(run, blkimg, qemu_img, argv)
+        assert mine == theirs, argv
+    b, q = str(tmp_path / "b.raw"), str(tmp_path / "q.raw")
+    run(blkimg, "convert", "-O", "raw", top, b, check=True)
+    run(qemu_img, "convert", "-O", "raw", top, q, check=True)
+    with open(b, "rb") as f, open(q, "rb") as g:
+        assert f.read() == g.read()
+    run(blkimg, "commit", top, check=True)
+    assert run(qemu_img, "check", base).returncode == 0
+    cp = run(qemu_img, "compare", "-f", "vdi", "-F", "raw", base, q)
+    assert cp.returncode == 0, cp.stdout
