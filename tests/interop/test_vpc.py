@@ -5,7 +5,8 @@ Images made by qemu-img and written by qemu-io read identically through
 blkimg (info text and JSON, map, convert to raw), dynamic and fixed, with
 sizes that exercise the CHS rounding and the creator-dependent size rules;
 blkimg-io's writes give the same file bytes as qemu-io's, with and without
-O_DIRECT, and qemu-io reads them back.
+O_DIRECT, and qemu-io reads them back; `blkimg create` and `convert -O vpc`
+give qemu-img's files but for the timestamp, the UUID and the checksum.
 Damaged footers, headers and BATs (a qemu-img image patched here) are
 refused with qemu-img's one line.
 """
@@ -307,3 +308,102 @@ def test_unsupported_operations(run, blkimg, qemu_img, tmp_path):
     same_output(run, blkimg, qemu_img, "check", path)
     same_output(run, blkimg, qemu_img, "resize", path, "8M")
     same_output(run, blkimg, qemu_img, "measure", "-O", "vpc", "--size", "1G")
+
+# ------------------------------------------------------------- creation
+
+
+@pytest.mark.parametrize("opts,size", [
+    ([], "100M"), ([], "10000000"), ([], "0"), ([], "1"),
+    (["subformat=fixed"], "10M"), (["subformat=dynamic"], "200G"),
+    (["force_size=on"], "10000000"),
+    (["subformat=fixed", "force_size=on"], "33M"),
+    (["subformat=fixed", "preallocation=full"], "3M"),
+    (["force_size=yes"], "1G"),
+])
+def test_create_matches_qemu(run, blkimg, qemu_img, tmp_path, opts, size):
+    q, b = str(tmp_path / "q.vhd"), str(tmp_path / "b.vhd")
+    o = ["-o", ",".join(opts)] if opts else []
+    cq = run(qemu_img, "create", "-f", "vpc", *o, q, size, check=True)
+    cb = run(blkimg, "create", "-f", "vpc", *o, b, size, check=True)
+    assert cb.stdout == cq.stdout.replace(q, b)
+    fixed = "subformat=fixed" in opts
+    assert footer_fields(b, fixed) == footer_fields(q, fixed)
+    assert masked(b) == masked(q)
+    with open(b, "rb") as f:
+        f.seek(-512 if fixed else 0, os.SEEK_END if fixed else os.SEEK_SET)
+        foot = f.read(512)
+    assert struct.unpack(">I", foot[64:68])[0] == footer_checksum(foot)
+    if not fixed:
+        with open(b, "rb") as f:
+            f.seek(512)
+            h = bytearray(f.read(1024))
+        s = struct.unpack(">I", h[36:40])[0]
+        h[36:40] = bytes(4)
+        assert s == ~sum(h) & 0xffffffff
+    same_output(run, blkimg, qemu_img, "info", *fmt_args(fixed),
+                "--output=json", b)
+
+
+@pytest.mark.parametrize("opts,size", [
+    ("subformat=foo", "1M"), ("force_size=maybe", "1M"), ("foo=1", "1M"),
+    ("backing_file=x", "1M"), ("force_size=on", "2041G"),
+    ("subformat=fixed", "3000G")])
+def test_create_errors_match_qemu(run, blkimg, qemu_img, tmp_path, opts,
+                                  size):
+    """(qemu-img may leave an empty file behind; blkimg removes it)"""
+    path = str(tmp_path / "t.vhd")
+    cp = run(blkimg, "create", "-f", "vpc", "-o", opts, path, size)
+    assert cp.returncode == 1 and not os.path.exists(path)
+    same_output(run, blkimg, qemu_img, "create", "-f", "vpc", "-o", opts,
+                path, size)
+
+
+def test_create_help_matches_qemu(run, blkimg, qemu_img, tmp_path):
+    same_output(run, blkimg, qemu_img, "create", "-f", "vpc", "-o", "help")
+    same_output(run, blkimg, qemu_img, "create", "-f", "vpc", "-o", "help",
+                str(tmp_path / "x.vhd"))
+
+
+@pytest.fixture
+def source_raw(run, qemu_io, tmp_path):
+    path = str(tmp_path / "src.raw")
+    with open(path, "wb") as f:
+        f.truncate(33 * MiB)
+    run(qemu_io, "-f", "raw", "-c", "write -P 0x11 0 100k", "-c",
+        "write -P 0x22 5M 3M", "-c", "write -P 0x33 20M 4k", "-c",
+        "write -P 0x44 32M 1M", path, check=True)
+    return path
+
+
+@pytest.mark.parametrize("opts", [
+    "subformat=dynamic", "subformat=fixed", "force_size=on",
+    "subformat=fixed,force_size=on"])
+def test_convert_to_vpc_matches_qemu(run, blkimg, qemu_img, tmp_path,
+                                     source_raw, opts):
+    """convert -O vpc: qemu-img's file (blocks in guest order); with
+    subformat=fixed,force_size=on (Azure's upload form) the virtual size
+    is the source's, to the byte."""
+    q, b = str(tmp_path / "q.vhd"), str(tmp_path / "b.vhd")
+    run(qemu_img, "convert", "-O", "vpc", "-o", opts, source_raw, q,
+        check=True)
+    run(blkimg, "convert", "-O", "vpc", "-o", opts, source_raw, b,
+        check=True)
+    assert masked(b) == masked(q)
+    fixed = "fixed" in opts
+    info = json.loads(run(qemu_img, "info", "--output=json",
+                          *fmt_args(fixed), b, check=True).stdout)
+    if "force_size" in opts:
+        assert info["virtual-size"] == 33 * MiB
+    cp = run(qemu_img, "compare", "-f", "raw", "-F", "vpc", source_raw, b)
+    assert cp.returncode == 0, cp.stdout
+
+
+def test_convert_vpc_to_vpc_direct(run, blkimg, qemu_img, tmp_path,
+                                   source_raw):
+    q, b = str(tmp_path / "q.vhd"), str(tmp_path / "b.vhd")
+    src = str(tmp_path / "src.vhd")
+    run(qemu_img, "convert", "-O", "vpc", source_raw, src, check=True)
+    run(qemu_img, "convert", "-O", "vpc", src, q, check=True)
+    run(blkimg, "convert", "-t", "none", "-T", "none", "-O", "vpc", src, b,
+        check=True)
+    assert masked(b) == masked(q)

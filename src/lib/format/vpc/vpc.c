@@ -25,11 +25,6 @@
 #define VPC_MAX_IO_END 0x7fffffffc0000000ULL
 #define VPC_MAX_REQUEST 0x7ffffe00ULL
 
-static uint64_t ld64(const uint8_t *p)
-{
-    return ((uint64_t)bi_ld_be32(p) << 32) | bi_ld_be32(p + 4);
-}
-
 uint32_t vpc_checksum(const uint8_t *buf, size_t len, size_t skip_off)
 {
     uint32_t sum = 0;
@@ -134,7 +129,7 @@ static uint64_t guest_sectors(const uint8_t *f, int calc)
     uint64_t chs = (uint64_t)bi_ld_be16(f + VF_CYLS) * f[VF_HEADS] * f[VF_SPT];
     bool use_chs = !uses_current_size(f + VF_CREATOR_APP) || calc == 1;
     if (!use_chs || chs == VHD_MAX_GEOMETRY || calc == 2)
-        return ld64(f + VF_CUR_SIZE) / VHD_SECTOR;
+        return bi_ld_be64(f + VF_CUR_SIZE) / VHD_SECTOR;
     return chs;
 }
 
@@ -169,7 +164,7 @@ static int check_dyn_header(vpc_state *s, const uint8_t *h, uint64_t sectors,
         return -EINVAL;
     }
     s->max_table_entries = (uint32_t)mte;
-    s->bat_offset = ld64(h + VD_TABLE_OFFSET);
+    s->bat_offset = bi_ld_be64(h + VD_TABLE_OFFSET);
     return 0;
 }
 
@@ -235,7 +230,8 @@ static int open_dynamic(bi_node *n, uint64_t sectors, bi_error *err)
 {
     vpc_state *s = n->opaque;
     uint8_t h[VHD_DYN_HEADER_SIZE];
-    if (read_meta(n, ld64(s->footer + VF_DATA_OFFSET), h, sizeof(h)) < 0) {
+    if (read_meta(n, bi_ld_be64(s->footer + VF_DATA_OFFSET), h, sizeof(h)) <
+        0) {
         bi_error_set(err, 0, "Error reading dynamic VHD header");
         return -EIO;
     }
@@ -366,6 +362,8 @@ const struct bi_driver bi_drv_vpc = {
     .probe = vpc_probe,
     .open = vpc_open,
     .close = vpc_close,
+    .create = vpc_create,
+    .create_opts = vpc_create_opts,
     .runtime_opts = vpc_runtime_opts,
     .refresh_limits = vpc_refresh_limits,
     .co_map = vpc_co_map,

@@ -5,7 +5,8 @@
  *
  * Files: vpc.c (footer, dynamic disk header, BAT, QEMU 7.2's size rules,
  * open, info, the driver table), vpc_map.c (mapping, block status,
- * allocating writes).
+ * allocating writes), vpc_create.c (CHS geometry, image creation and its
+ * option table).
  *
  * Layout (big-endian): a 512-byte footer at the end of the file; dynamic
  * and differencing disks also keep a copy at offset 0, followed by the
@@ -102,5 +103,15 @@ int vpc_co_block_status(bi_node *n, uint64_t off, uint64_t len,
                         struct bi_status *st);
 /* Frees the reservations no write came to use (close). */
 void vpc_free_pending(vpc_state *s);
+
+/* vpc_create.c */
+/* QEMU's geometry search for a new image of size bytes (a multiple of
+ * 512): the CHS triple and the sectors the image will have. Returns 0 or
+ * -EFBIG (beyond 2040 GiB). */
+int vpc_rounded_size(uint64_t size, bool force_size, uint16_t *cyls,
+                     uint8_t *heads, uint8_t *spt, uint64_t *sectors);
+int vpc_create(const char *filename, const struct bi_create_opts *o,
+               bi_error *err);
+extern const struct bi_opt_desc vpc_create_opts[];
 
 #endif
