@@ -182,6 +182,26 @@ def test_max_geometry_uses_current_size(run, blkimg, qemu_img, tmp_path):
     same_output(run, blkimg, qemu_img, "info", "--output=json", path)
 
 
+def test_sector_bitmap_not_consulted(run, blkimg, blkimg_io, qemu_img,
+                                     qemu_io, tmp_path):
+    """QEMU 7.2 reads an allocated block whole, whatever its sector bitmap
+    says (here: no sector present): so does blkimg."""
+    path = mk(run, qemu_img, tmp_path / "t.vhd", "8M")
+    run(qemu_io, "-c", "write -P 0x3c 0 1M", path, check=True)
+    with open(path, "r+b") as f:
+        f.seek(D_BAT)
+        bitmap = struct.unpack(">I", f.read(4))[0] * 512
+        f.seek(bitmap)
+        f.write(bytes(512))
+    check_reads_as_qemu(run, blkimg, qemu_img, path, tmp_path, False)
+    # a write sets the block's bitmap to all ones, as QEMU's does
+    copy = str(tmp_path / "c.vhd")
+    shutil.copy(path, copy)
+    run(qemu_io, "-c", "write -P 0x3d 4k 4k", path, check=True)
+    run(blkimg_io, "-c", "write -P 0x3d 4k 4k", copy, check=True)
+    assert open(path, "rb").read() == open(copy, "rb").read()
+
+
 def test_fixed_vhd_probes_as_raw(run, blkimg, qemu_img, tmp_path):
     path = mk(run, qemu_img, tmp_path / "t.vhd", "4M", "subformat=fixed")
     same_output(run, blkimg, qemu_img, "info", "--output=json", path)
@@ -283,6 +303,38 @@ def test_overwrite_in_place(run, blkimg_io, qemu_img, qemu_io, tmp_path):
              "read -P 0x22 1M 2M", "-c", "read -P 0x11 3M 1M", path,
              check=True)
     assert "failed" not in cp.stdout
+
+
+def test_new_block_over_stale_bytes_reads_zeroes(run, blkimg_io, qemu_img,
+                                                 qemu_io, tmp_path):
+    """A file longer than its last block (bytes after the footer): a new
+    block there reads zeroes where it was not written (qemu-io 7.2 shows
+    the stale bytes), and QEMU reads the data back."""
+    path = mk(run, qemu_img, tmp_path / "t.vhd", "20M")
+    with open(path, "ab") as f:
+        f.write(b"\xaa" * (3 * MiB))
+    run(blkimg_io, "-c", "write -P 0x11 1M 4k", path, check=True)
+    cp = run(qemu_io, "-r", "-c", "read -P 0 0 1M", "-c",
+             "read -P 0x11 1M 4k", "-c", "read -P 0 %d %d" %
+             (MiB + 4096, MiB - 4096), path, check=True)
+    assert "failed" not in cp.stdout
+
+
+def test_fixed_footer_never_overwritten(run, blkimg_io, qemu_img, tmp_path):
+    """A fixed VHD whose geometry claims more than the file holds: a write
+    that would overwrite the footer fails (qemu-io 7.2 writes it and the
+    image no longer opens)."""
+    path = mk(run, qemu_img, tmp_path / "t.vhd", "4M", "subformat=fixed")
+    patch(path, -512 + 56, ">H", 300, footer_at=-512)
+    before = open(path, "rb").read()
+    end = len(before) - 512
+    cp = run(blkimg_io, "-f", "vpc", "-c", "write -P 0x11 %d 8k" %
+             (end - 4096), path)
+    assert cp.returncode == 1
+    assert open(path, "rb").read() == before
+    run(blkimg_io, "-f", "vpc", "-c", "write -P 0x11 %d 4k" % (end - 4096),
+        path, check=True)
+    run(qemu_img, "info", "-f", "vpc", path, check=True)
 
 
 def test_failed_write_leaves_no_bat_entry(run, blkimg_io, qemu_img, qemu_io,
