@@ -266,6 +266,20 @@ def test_hostile_refused(run, blkimg, blkimg_io, qemu_img, tmp_path, name,
     assert cp.returncode == 1 and len(cp.stderr.splitlines()) == 1
     assert open(path, "rb").read() == before
 
+def test_block_over_metadata_not_written(run, blkimg, blkimg_io, qemu_img,
+                                         qemu_io, tmp_path):
+    """A BAT entry pointing into the header and BAT (inside the file, so
+    QEMU opens it): reads match QEMU's; a write there fails and changes
+    nothing (QEMU would write the guest's data over its metadata)."""
+    path = mk(run, qemu_img, tmp_path / "t.vhd", "10M")
+    run(qemu_io, "-c", "write -P 0x21 0 4k", path, check=True)
+    patch(path, D_BAT + 4, ">I", 1)
+    check_reads_as_qemu(run, blkimg, qemu_img, path, tmp_path, False)
+    before = open(path, "rb").read()
+    cp = run(blkimg_io, "-c", "write -P 0x22 %d 4k" % BLOCK, path)
+    assert cp.returncode == 1
+    assert open(path, "rb").read() == before
+
 # --------------------------------------------------------------- writes
 
 

@@ -230,8 +230,8 @@ static int open_dynamic(bi_node *n, uint64_t sectors, bi_error *err)
 {
     vpc_state *s = n->opaque;
     uint8_t h[VHD_DYN_HEADER_SIZE];
-    if (read_meta(n, bi_ld_be64(s->footer + VF_DATA_OFFSET), h, sizeof(h)) <
-        0) {
+    s->header_offset = bi_ld_be64(s->footer + VF_DATA_OFFSET);
+    if (read_meta(n, s->header_offset, h, sizeof(h)) < 0) {
         bi_error_set(err, 0, "Error reading dynamic VHD header");
         return -EIO;
     }

@@ -83,6 +83,7 @@ typedef struct vpc_state {
     uint32_t max_table_entries;
     uint32_t *bat; /* host byte order */
     uint64_t bat_offset;
+    uint64_t header_offset;    /* the dynamic disk header */
     uint64_t free_offset;      /* where the next block goes (the end footer) */
     uint64_t file_len;         /* bytes of the file as far as we know */
     uint8_t *bitmap_set;       /* per block: its bitmap was set by us */

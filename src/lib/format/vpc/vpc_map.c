@@ -179,6 +179,24 @@ static int map_new_block(bi_node *n, struct vpc_alloc *a, uint64_t off,
     return 0;
 }
 
+static bool ranges_meet(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
+{
+    return a < b + blen && b < a + alen;
+}
+
+/* Whether allocated block idx (bitmap and data) lies over the footer copy,
+ * the dynamic disk header or the BAT (a crafted BAT entry): QEMU would
+ * write the guest's data into its metadata; blkimg refuses the write. */
+static bool over_metadata(const vpc_state *s, uint64_t idx)
+{
+    uint64_t at = (uint64_t)s->bat[idx] * VHD_SECTOR;
+    uint64_t len = (uint64_t)s->bitmap_size + s->block_size;
+    uint64_t bat_len = (uint64_t)s->max_table_entries * 4;
+    return ranges_meet(at, len, 0, VHD_FOOTER_SIZE) ||
+           ranges_meet(at, len, s->header_offset, VHD_DYN_HEADER_SIZE) ||
+           ranges_meet(at, len, s->bat_offset, bat_len);
+}
+
 static int map_write(bi_node *n, uint64_t off, uint64_t len,
                      struct bi_extent *ext)
 {
@@ -186,6 +204,8 @@ static int map_write(bi_node *n, uint64_t off, uint64_t len,
     uint64_t idx = off / s->block_size;
     if (idx >= s->max_table_entries)
         return -EIO; /* open checked that the BAT covers the guest */
+    if (allocated(s, idx) && over_metadata(s, idx))
+        return -EIO;
     if (allocated(s, idx)) {
         ext->kind = BI_EXT_DATA;
         ext->host = n->file;
