@@ -18,6 +18,5 @@ extern const struct bi_driver bi_drv_qcow;
 extern const struct bi_driver bi_drv_qed;
 extern const struct bi_driver bi_drv_vhdx;
 extern const struct bi_driver bi_drv_vmdk;
-extern const struct bi_driver bi_drv_vpc;
 
 #endif

@@ -51,6 +51,27 @@ static inline uint32_t bi_ld_be32(const void *p)
     memcpy(&v, p, sizeof(v));
     return be32toh(v);
 }
+static inline uint64_t bi_ld_be64(const void *p)
+{
+    uint64_t v;
+    memcpy(&v, p, sizeof(v));
+    return be64toh(v);
+}
+static inline void bi_st_be16(void *p, uint16_t v)
+{
+    v = htobe16(v);
+    memcpy(p, &v, sizeof(v));
+}
+static inline void bi_st_be32(void *p, uint32_t v)
+{
+    v = htobe32(v);
+    memcpy(p, &v, sizeof(v));
+}
+static inline void bi_st_be64(void *p, uint64_t v)
+{
+    v = htobe64(v);
+    memcpy(p, &v, sizeof(v));
+}
 static inline uint32_t bi_ld_le32(const void *p)
 {
     uint32_t v;
