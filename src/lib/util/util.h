@@ -105,6 +105,8 @@ size_t bi_huge_page_size(void);
 void *bi_alloc_aligned(size_t align, size_t size);
 void bi_free_aligned(void *p);
 /* malloc that aborts on failure (for small fixed bookkeeping only). */
+/* Bookkeeping allocations that fail abort, saying so on stderr. */
+_Noreturn void bi_out_of_memory(size_t size);
 void *bi_xmalloc(size_t size);
 void *bi_xzalloc(size_t size);
 char *bi_xstrdup(const char *s);
@@ -122,6 +124,12 @@ int bi_parse_size(const char *s, uint64_t *out);
 int bi_parse_size_full(const char *s, uint64_t *out, bool *hex_suffix);
 /* "%0.3g <unit>B" with units "", Ki, Mi, ... (qemu's size_to_str). */
 void bi_format_size(uint64_t v, char *buf, size_t len);
+
+/* Sends a message to the program's handler (blkimg.h), if it installed
+ * one; a final newline is dropped. */
+#include "blkimg/blkimg.h"
+void bi_message(enum bi_message_kind kind, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* ---- -o option lists: "a=1,b=x,,y" (",," escapes a comma) ---- */
 struct bi_opt {

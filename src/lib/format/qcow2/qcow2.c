@@ -111,18 +111,18 @@ int qc_signal_corruption(bi_node *n, const char *fmt, ...)
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
     if (!s->read_only && !s->corrupt) {
-        fprintf(stderr,
-                "qcow2: Marking image as corrupt: %s; further corruption "
-                "events will be suppressed\n",
-                buf);
+        bi_message(BI_MESSAGE_WARNING,
+                   "qcow2: Marking image as corrupt: %s; further corruption "
+                   "events will be suppressed",
+                   buf);
         s->corrupt = true;
         if (s->version >= 3)
             qc_update_incompat(n, s->incompat | QCOW2_INCOMPAT_CORRUPT);
     } else if (s->read_only && !s->corrupt) {
-        fprintf(stderr,
-                "qcow2: Image is corrupt: %s; further corruption "
-                "events will be suppressed\n",
-                buf);
+        bi_message(BI_MESSAGE_WARNING,
+                   "qcow2: Image is corrupt: %s; further corruption "
+                   "events will be suppressed",
+                   buf);
         s->corrupt = true;
     }
     return -EIO;

@@ -35,10 +35,10 @@ int vdi_check(bi_node *n, struct bi_check_result *res, int fix, bi_error *err)
         if (!vdi_is_allocated(e))
             continue;
         if (e >= blocks) {
-            fprintf(stderr,
-                    "ERROR: block index %" PRIu32 " too large, is %" PRIu32
-                    "\n",
-                    b, e);
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR: block index %" PRIu32 " too large, is %" PRIu32
+                       "",
+                       b, e);
             res->corruptions++;
             continue;
         }
@@ -46,19 +46,20 @@ int vdi_check(bi_node *n, struct bi_check_result *res, int fix, bi_error *err)
         uint8_t bit = (uint8_t)(1u << (e % 8));
         if (used[e / 8] & bit) {
             /* QEMU prints the index twice (the first user is not kept) */
-            fprintf(stderr,
-                    "ERROR: block index %" PRIu32 " also used by %" PRIu32 "\n",
-                    e, e);
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR: block index %" PRIu32 " also used by %" PRIu32
+                       "",
+                       e, e);
             res->corruptions++;
         }
         used[e / 8] |= bit;
     }
     free(used);
     if (counted != s->h.allocated) {
-        fprintf(stderr,
-                "ERROR: allocated blocks mismatch, is %" PRIu32
-                ", should be %" PRIu32 "\n",
-                counted, s->h.allocated);
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR: allocated blocks mismatch, is %" PRIu32
+                   ", should be %" PRIu32 "",
+                   counted, s->h.allocated);
         res->corruptions++;
     }
     return 0;
