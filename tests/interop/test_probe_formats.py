@@ -23,6 +23,7 @@ import subprocess
 import zlib
 
 import pytest
+from conftest import cached_dir
 
 pytestmark = pytest.mark.qemu
 
@@ -121,11 +122,19 @@ def qemu_create(qemu_img, path, args):
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    """Every image once, in one directory (tests work on copies)."""
+    """Every image once, in one directory (tests work on copies): those
+    qemu-img makes shared by every worker and run (conftest.cached_dir;
+    the LUKS one times PBKDF2), the crafted ones made here."""
+    import pathlib
     qemu_img = shutil.which("qemu-img") or "qemu-img"
     d = tmp_path_factory.mktemp("probe")
-    for name, args in CREATED.items():
-        qemu_create(qemu_img, d / name, args)
+
+    def build(c):
+        for name, args in CREATED.items():
+            qemu_create(qemu_img, pathlib.Path(c) / name, args)
+    made = cached_dir("probe-formats|%r" % sorted(CREATED.items()), build)
+    for f in os.listdir(made):
+        shutil.copyfile(made / f, d / f)
     for name, craft in CRAFTED.items():
         craft(str(d / name))
     return d
