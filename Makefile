@@ -8,6 +8,10 @@
 #   make check        install missing packages, build build/ and build-asan/,
 #                     run every test on both, check formatting; the last
 #                     line printed is "N passed, N failed"
+#   make torture      build, then the long trials: 20000 damaged qcow2
+#                     images judged by blkimg check and qemu-img check
+#                     (TORTURE_CASES, TORTURE_SEED), then 2000 power-loss
+#                     trials (TORTURE_POWERLOSS)
 #   make bench        build, then run the benchmarks (bench/run.sh); the
 #                     report, results and charts go to build/bench-results/
 #   make install      meson install (PREFIX=/usr/local, DESTDIR honoured):
@@ -28,7 +32,7 @@ CC         ?= cc
 # C files we format / check (never anything under a build directory).
 C_DIRS     := src include tests bench examples
 
-.PHONY: all build deps run check bench bench-tools install format \
+.PHONY: all build deps run check torture bench bench-tools install format \
 	check-format clean symbols
 
 all: build
@@ -54,6 +58,17 @@ run: deps build
 
 check: deps
 	@BLKIMG_BUILD=$(BUILD) BLKIMG_ASAN_BUILD=$(ASAN_BUILD) tests/run_all.sh
+
+TORTURE_CASES     ?= 20000
+TORTURE_SEED      ?= 100000
+TORTURE_POWERLOSS ?= 2000
+
+torture: deps build
+	@python3 tests/interop/qcow2_mutate.py $(abspath $(BUILD)) \
+		$(TORTURE_CASES) $(TORTURE_SEED); a=$$?; \
+	python3 tests/interop/powerloss_trials.py $(abspath $(BUILD)) \
+		$(TORTURE_POWERLOSS) $(TORTURE_SEED); b=$$?; \
+	[ $$a -eq 0 ] && [ $$b -eq 0 ]
 
 bench: build bench-tools
 	@BLKIMG_BUILD=$(BUILD) bench/run.sh

@@ -80,7 +80,12 @@ static int collect(bi_node *n, int fix, struct bi_check_result *r)
 {
     bi_error err;
     bi_error_init(&err);
-    return bi_check(n, fix, r, &err);
+    int ret = bi_check(n, fix, r, &err);
+    /* a finding that ends the check (qemu-img reports it before "Check
+     * failed") */
+    if (ret < 0 && err.msg[0])
+        tool_error("%s", err.msg);
+    return ret;
 }
 
 int img_check(int argc, char **argv)
@@ -168,19 +173,21 @@ int img_check(int argc, char **argv)
     ti.quiet_probe = quiet;
 
     bi_node *n;
-    if (fix && !ti.image_opts) {
-        /* repair mode: qcow2 lets a corrupt image open read-write */
+    if (!ti.image_opts) {
+        /* opened for checking (QEMU's BDRV_O_CHECK): a corrupt image opens
+         * read-write for repair, a dirty one is not repaired by opening,
+         * and tables beyond the end of the file are the check's findings */
         static const char *const check_opts[] = {"x-check=on", NULL};
         struct bi_open_opts o;
         bi_error err;
         bi_open_opts_init(&o);
         o.format = ti.fmt;
-        o.read_write = true;
+        o.read_write = fix != 0;
         o.force_share = ti.force_share;
         o.cache = o.backing_cache = ti.cache;
         o.quiet_probe = quiet;
         o.driver_opts = check_opts;
-        if (o.force_share) {
+        if (fix && o.force_share) {
             tool_error("Could not open '%s': force-share=on can only be used "
                        "with read-only images",
                        ti.filename);

@@ -34,6 +34,7 @@ struct file_state {
     bool unsafe; /* cache=unsafe: flushes are no-ops */
     bool use_lock;
     bool force_share;
+    int lock_fd; /* holds the lock bytes; no I/O engine ever sees it */
     struct bi_file_lock lock;
     int flush_error;    /* sticky: a failed fdatasync loses the page cache */
     bool no_zero_range; /* FALLOC_FL_ZERO_RANGE refused once */
@@ -48,6 +49,32 @@ static int set_errno_error(bi_error *err, int ret, const char *fmt,
 }
 
 /* ------------------------------------------------------------ helpers */
+
+/* A descriptor of its own for the image locks. OFD locks belong to an
+ * open file description, and io_uring keeps the descriptions it did I/O
+ * on alive until its ring is torn down, some time after the process
+ * died: a lock on fd would outlive a killed blkimg by tens of
+ * milliseconds (another tool then sees the image in use). A second
+ * description of the same file, opened through /proc, is never given to
+ * an engine and goes with the process. Falls back to fd itself. */
+static int open_lock_fd(int fd)
+{
+    char path[64];
+    snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+    int lfd;
+    do {
+        lfd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    } while (lfd < 0 && errno == EINTR);
+    return lfd >= 0 ? lfd : fd;
+}
+
+static void close_lock_fd(struct file_state *s)
+{
+    if (s->lock_fd >= 0 && s->lock_fd != s->fd) {
+        close(s->lock_fd);
+    }
+    s->lock_fd = -1;
+}
 
 static int64_t run_io(struct bi_io *io)
 {
@@ -181,6 +208,7 @@ static int file_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
     int ret;
 
     s->fd = -1;
+    s->lock_fd = -1;
     s->direct = o->cache == BI_CACHE_NONE || o->cache == BI_CACHE_DIRECTSYNC;
     s->dsync =
         o->cache == BI_CACHE_WRITETHROUGH || o->cache == BI_CACHE_DIRECTSYNC;
@@ -265,8 +293,9 @@ static int file_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
         if (o->read_write) {
             perm |= BI_PERM_WRITE;
         }
-        ret = bi_file_lock_set(s->fd, &s->lock, perm, BI_PERM_ALL, n->filename,
-                               err);
+        s->lock_fd = open_lock_fd(s->fd);
+        ret = bi_file_lock_set(s->lock_fd, &s->lock, perm, BI_PERM_ALL,
+                               n->filename, err);
         if (ret < 0) {
             goto fail;
         }
@@ -274,6 +303,7 @@ static int file_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
     return 0;
 
 fail:
+    close_lock_fd(s);
     close(s->fd);
     s->fd = -1;
     return ret;
@@ -286,9 +316,10 @@ static void file_close(bi_node *n)
     if (!s || s->fd < 0) {
         return;
     }
-    if (s->use_lock) {
-        bi_file_lock_release(s->fd, &s->lock);
+    if (s->use_lock && s->lock_fd >= 0) {
+        bi_file_lock_release(s->lock_fd, &s->lock);
     }
+    close_lock_fd(s);
     close(s->fd);
     s->fd = -1;
 }
@@ -299,13 +330,14 @@ static int file_set_perm(bi_node *n, unsigned perm, unsigned shared,
 {
     struct file_state *s = n->opaque;
 
-    if (!s->use_lock || s->fd < 0) {
+    if (!s->use_lock || s->lock_fd < 0) {
         return 0;
     }
     if (s->force_share) {
         shared = BI_PERM_ALL;
     }
-    return bi_file_lock_set(s->fd, &s->lock, perm, shared, n->filename, err);
+    return bi_file_lock_set(s->lock_fd, &s->lock, perm, shared, n->filename,
+                            err);
 }
 
 /* Nothing to add to qemu-img info, but the file answers (QEMU's

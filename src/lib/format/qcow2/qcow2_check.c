@@ -1,18 +1,29 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * qcow2 consistency check (qemu-img check): rebuilds the reference counts
- * from the L1/L2 tables, snapshots and metadata in memory, compares them
- * with the refcount blocks, and checks the COPIED flags; with fix, leaks
- * and too-low refcounts are corrected. Messages are qemu-img's.
+ * qcow2 consistency check (qemu-img check), in QEMU 7.2's phases and with
+ * its findings, counts and messages:
  *
- * A broken refcount structure (a referenced cluster with refcount 0, a
- * bad refcount block) is rebuilt with -r all: new refcount blocks and
- * table past the end of the image, written from the computed counts.
- * Not done: the bitmaps extension's clusters are not accounted for.
+ *  1. calculate: walk the header, the active L1/L2 tables, every
+ *     snapshot's tables, the snapshot table, the refcount table, the
+ *     crypto header and the bitmaps, counting the references to every
+ *     host cluster in memory and judging every entry on the way (reserved
+ *     bits, alignment, subcluster bitmaps, references past the end of the
+ *     file, refcount overflow); then the refcount blocks themselves.
+ *  2. compare: the computed counts against the refcount blocks; leaks and
+ *     too-low counts are repaired one by one with -r, a referenced cluster
+ *     with refcount 0 (or a bad refcount block) asks for a rebuild.
+ *  3. rebuild (-r all): a new refcount structure written from the computed
+ *     counts into free clusters, as QEMU lays it out, then the counts are
+ *     calculated again and the old structure's leaks freed.
+ *  4. the COPIED flags of L1 and L2 entries.
+ *
+ * Repairs write metadata before the header that points at it, so a crash
+ * during a repair leaves the old structure in force.
  */
 #include "blkimg/qcow2.h"
 #include "qcow2.h"
 #include "util/util.h"
+#include <assert.h>
 #include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -20,23 +31,49 @@
 #include <stdlib.h>
 #include <string.h>
 
+#define L2E_STD_RESERVED_MASK 0x3f000000000001feULL
+#define RTE_RESERVED_MASK 0x1ffULL
+#define BME_RESERVED_MASK 0xff000000000001feULL
+#define BME_ALL_ONES 1ULL
+#define L2_BITMAP_ALL_ALLOC 0xffffffffULL
+#define L2_BITMAP_ALL_ZEROES 0xffffffff00000000ULL
+#define CK_MAX_CLUSTERS 0x7fffffffULL /* QEMU's INT_MAX */
+#define CK_MAX_SNAPSHOT_L1 (QCOW2_MAX_L1_BYTES / 8)
+
 struct ck {
     bi_node *n;
     qcow2_state *s;
     struct bi_check_result *res;
-    uint32_t *ref; /* computed references per cluster (saturating) */
-    uint64_t nb;   /* clusters in the array */
-    uint64_t file_clusters;
+    int fix;
+    uint32_t *ref;     /* computed references per host cluster */
+    uint64_t nb;       /* clusters the array covers (QEMU's nb_clusters) */
+    uint64_t ref_max;  /* the image's refcount_max, as stored in ref */
+    uint64_t file_len; /* bytes of the image file */
     bool rebuild;
     uint8_t *l2buf;
 };
 
-static int ck_grow(struct ck *c, uint64_t need)
+/* The kinds of L2 entry, classified as QEMU's qcow2_get_cluster_type. */
+enum ck_type { CK_UNALLOC, CK_ZERO_PLAIN, CK_ZERO_ALLOC, CK_NORMAL, CK_COMP };
+
+static enum ck_type ck_type_of(const qcow2_state *s, uint64_t e)
+{
+    if (e & QCOW_OFLAG_COMPRESSED)
+        return CK_COMP;
+    if ((e & QCOW_OFLAG_ZERO) && !s->ext_l2)
+        return (e & L2E_OFFSET_MASK) ? CK_ZERO_ALLOC : CK_ZERO_PLAIN;
+    if (!(e & L2E_OFFSET_MASK))
+        return qc_has_data_file(s) && (e & QCOW_OFLAG_COPIED) ? CK_NORMAL
+                                                              : CK_UNALLOC;
+    return CK_NORMAL;
+}
+
+/* Makes the array cover need clusters (new ones zero). 0 or -errno. */
+static int ck_resize(struct ck *c, uint64_t need)
 {
     if (need <= c->nb)
         return 0;
-    /* never more than a bounded margin past the file end */
-    if (need > c->file_clusters + (1u << 20))
+    if (need > CK_MAX_CLUSTERS)
         return -EFBIG;
     uint32_t *r = realloc(c->ref, need * sizeof(uint32_t));
     if (!r)
@@ -47,36 +84,176 @@ static int ck_grow(struct ck *c, uint64_t need)
     return 0;
 }
 
-static int ck_inc(struct ck *c, uint64_t off, uint64_t len)
+/* Counts one reference to every cluster of [off, off + size) (QEMU's
+ * qcow2_inc_refcounts_imrt): a range reaching a cluster or more past the
+ * end of the file is a corruption and is not counted; a count already at
+ * the image's maximum overflows. 0, or -errno (check_errors counted). */
+static int ck_inc(struct ck *c, uint64_t off, uint64_t size)
 {
-    if (len == 0)
-        return 0;
     qcow2_state *s = c->s;
-    uint64_t first = off >> s->cluster_bits;
-    uint64_t last = (off + len - 1) >> s->cluster_bits;
-    if (last < first)
+    if (size == 0)
         return 0;
-    if (ck_grow(c, last + 1) < 0) {
-        fprintf(stderr,
-                "ERROR: reference to offset %#" PRIx64
-                " far beyond the end of the image\n",
-                off);
+    if (off + size >= c->file_len + s->cluster_size || off + size < off) {
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR: counting reference for region exceeding the end of "
+                   "the file by one cluster or more: offset 0x%" PRIx64
+                   " size 0x%" PRIx64 "",
+                   off, size);
         c->res->corruptions++;
-        c->rebuild = true;
         return 0;
     }
-    for (uint64_t i = first; i <= last; i++)
-        if (c->ref[i] != UINT32_MAX)
-            c->ref[i]++;
+    uint64_t first = off >> s->cluster_bits;
+    uint64_t last = (off + size - 1) >> s->cluster_bits;
+    int ret = ck_resize(c, last + 1);
+    if (ret < 0) {
+        c->res->check_errors++;
+        return ret;
+    }
+    for (uint64_t k = first; k <= last; k++) {
+        if (c->ref[k] >= c->ref_max) {
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR: overflow cluster offset=0x%" PRIx64 "",
+                       k << s->cluster_bits);
+            bi_message(BI_MESSAGE_CHECK,
+                       "Use qemu-img amend to increase the refcount "
+                       "entry width or qemu-img convert to create a "
+                       "clean copy if the image cannot be opened for "
+                       "writing");
+            c->res->corruptions++;
+            continue;
+        }
+        c->ref[k]++;
+    }
     return 0;
 }
 
-static int ck_l2(struct ck *c, uint64_t l2_off, bool active)
+/* -r all on a preallocated zero cluster whose offset is unaligned: the
+ * entry becomes a plain zero cluster (its subclusters zero), written
+ * through to the file. Counts it fixed. */
+static int ck_fix_l2_by_zero(struct ck *c, uint64_t l2_off, uint64_t idx)
+{
+    qcow2_state *s = c->s;
+    uint8_t *p = c->l2buf + idx * s->l2_entry_size;
+    uint64_t e, b;
+    qc_get_l2(s, c->l2buf, idx, &e, &b);
+    if (s->ext_l2) {
+        b |= b << 32;
+        qc_set_l2(s, c->l2buf, idx, 0, b & L2_BITMAP_ALL_ZEROES);
+    } else {
+        qc_set_l2(s, c->l2buf, idx, QCOW_OFLAG_ZERO, 0);
+    }
+    uint64_t at = l2_off + idx * s->l2_entry_size;
+    int ret = bi_co_pwrite(c->n->file, at, p, s->l2_entry_size, 0);
+    if (ret == 0)
+        ret = bi_co_flush(c->n->file);
+    if (ret < 0) {
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR: Failed to overwrite L2 table entry: %s",
+                   strerror(-ret));
+        c->res->check_errors++;
+        return ret;
+    }
+    qc_cache_discard(&s->l2_cache, qc_start_of_cluster(s, l2_off));
+    c->res->corruptions--;
+    c->res->corruptions_fixed++;
+    return 0;
+}
+
+/* A compressed entry: its flags, then its bytes counted. */
+static int ck_l2_compressed(struct ck *c, uint64_t i, uint64_t e, uint64_t b,
+                            bool frag)
+{
+    qcow2_state *s = c->s;
+    if (e & QCOW_OFLAG_COPIED) {
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR: coffset=0x%" PRIx64
+                   ": copied flag must never be set "
+                   "for compressed clusters",
+                   e & s->cluster_offset_mask);
+        e &= ~QCOW_OFLAG_COPIED;
+        c->res->corruptions++;
+    }
+    if (qc_has_data_file(s)) {
+        bi_message(
+            BI_MESSAGE_CHECK,
+            "ERROR compressed cluster %d with data file, entry=0x%" PRIx64 "",
+            (int)i, e);
+        c->res->corruptions++;
+        return 0;
+    }
+    if (b) {
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR compressed cluster %d with non-zero subcluster "
+                   "allocation bitmap, entry=0x%" PRIx64 "",
+                   (int)i, e);
+        c->res->corruptions++;
+        return 0;
+    }
+    uint64_t coff = e & s->cluster_offset_mask;
+    uint64_t nsec = ((e >> s->csize_shift) & s->csize_mask) + 1;
+    int ret = ck_inc(c, coff, nsec * 512 - (coff & 511));
+    if (ret < 0)
+        return ret;
+    if (frag) {
+        c->res->allocated_clusters++;
+        c->res->compressed_clusters++;
+        c->res->fragmented_clusters++;
+    }
+    return 0;
+}
+
+/* An entry with a host cluster (data or preallocated zeroes). Returns 1
+ * when a repair made it a plain zero cluster (nothing to count). */
+static int ck_l2_host(struct ck *c, uint64_t l2_off, uint64_t i, uint64_t e,
+                      uint64_t b, bool frag, uint64_t *next_contig)
+{
+    qcow2_state *s = c->s;
+    uint64_t off = e & L2E_OFFSET_MASK;
+    if ((b >> 32) & b) {
+        c->res->corruptions++;
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR offset=%" PRIx64 ": Allocated cluster has corrupted "
+                   "subcluster allocation bitmap",
+                   off);
+    }
+    if (qc_offset_into_cluster(s, off)) {
+        c->res->corruptions++;
+        bool has_data =
+            s->ext_l2 ? (b & L2_BITMAP_ALL_ALLOC) != 0 : !(e & QCOW_OFLAG_ZERO);
+        if (!has_data) {
+            bool fix = c->fix & BI_CHECK_FIX_ERRORS;
+            bi_message(BI_MESSAGE_CHECK,
+                       "%s offset=%" PRIx64 ": Preallocated cluster is not "
+                       "properly aligned; L2 entry corrupted.",
+                       fix ? "Repairing" : "ERROR", off);
+            if (fix && ck_fix_l2_by_zero(c, l2_off, i) == 0)
+                return 1;
+        } else {
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR offset=%" PRIx64 ": Data cluster is not properly "
+                       "aligned; L2 entry corrupted.",
+                       off);
+        }
+    }
+    if (frag) {
+        c->res->allocated_clusters++;
+        if (*next_contig && off != *next_contig)
+            c->res->fragmented_clusters++;
+        *next_contig = off + s->cluster_size;
+    }
+    if (qc_has_data_file(s))
+        return 0;
+    return ck_inc(c, off, s->cluster_size);
+}
+
+/* Counts and judges every entry of the L2 table at l2_off (QEMU's
+ * check_refcounts_l2). frag: the active table (fragmentation counters). */
+static int ck_l2(struct ck *c, uint64_t l2_off, bool frag)
 {
     qcow2_state *s = c->s;
     int ret = bi_co_pread(c->n->file, l2_off, c->l2buf, s->cluster_size);
     if (ret < 0) {
-        fprintf(stderr, "ERROR: I/O error in check_refcounts_l2\n");
+        bi_message(BI_MESSAGE_CHECK, "ERROR: I/O error in check_refcounts_l2");
         c->res->check_errors++;
         return ret;
     }
@@ -84,209 +261,336 @@ static int ck_l2(struct ck *c, uint64_t l2_off, bool active)
     for (uint64_t i = 0; i < s->l2_entries; i++) {
         uint64_t e, b;
         qc_get_l2(s, c->l2buf, i, &e, &b);
-        if (e & QCOW_OFLAG_COMPRESSED) {
-            if (e & QCOW_OFLAG_COPIED) {
-                fprintf(stderr,
-                        "ERROR: cluster %" PRIu64 ": copied flag must never "
-                        "be set for compressed clusters\n",
-                        e >> s->cluster_bits);
-                e &= ~QCOW_OFLAG_COPIED;
-                c->res->corruptions++;
-            }
-            if (s->ext_l2 && b) {
-                fprintf(stderr,
-                        "ERROR compressed cluster %" PRIu64 " with non-zero "
-                        "subcluster allocation bitmap, entry=0x%" PRIx64 "\n",
-                        i, e);
-                c->res->corruptions++;
-            }
-            if (qc_has_data_file(s)) {
-                fprintf(stderr,
-                        "ERROR compressed cluster %" PRIu64
-                        " with data file, entry=0x%" PRIx64 "\n",
-                        i, e);
-                c->res->corruptions++;
-                continue;
-            }
-            uint64_t coff = e & s->cluster_offset_mask;
-            uint64_t nsec = ((e >> s->csize_shift) & s->csize_mask) + 1;
-            ck_inc(c, coff & ~511ULL, nsec * 512);
-            if (active) {
-                c->res->allocated_clusters++;
-                c->res->compressed_clusters++;
-                c->res->fragmented_clusters++;
-            }
-            continue;
-        }
-        uint64_t host = e & L2E_OFFSET_MASK;
-        bool has_host =
-            host || (qc_has_data_file(s) && (e & QCOW_OFLAG_COPIED));
-        if (s->ext_l2) {
-            uint32_t alloc = (uint32_t)b, zero = (uint32_t)(b >> 32);
-            if ((alloc & zero) || (!has_host && alloc)) {
-                fprintf(stderr,
-                        "ERROR invalid cluster entry: l2_entry=%" PRIx64
-                        " l2_bitmap=%" PRIx64 "\n",
-                        e, b);
-                c->res->corruptions++;
-                continue;
-            }
-        }
-        if (!has_host)
-            continue;
-        if (active) {
-            c->res->allocated_clusters++;
-            if (next_contig && host != next_contig)
-                c->res->fragmented_clusters++;
-            next_contig = host + s->cluster_size;
-        }
-        if (!qc_has_data_file(s))
-            ck_inc(c, host, s->cluster_size);
-        if (host & (s->cluster_size - 1)) {
-            fprintf(stderr,
-                    "ERROR offset=%" PRIx64 ": Cluster is not properly "
-                    "aligned; L2 entry corrupted.\n",
-                    host);
+        enum ck_type t = ck_type_of(s, e);
+        if (t != CK_COMP && (e & L2E_STD_RESERVED_MASK)) {
+            bi_message(
+                BI_MESSAGE_CHECK,
+                "ERROR found l2 entry with reserved bits set: %" PRIx64 "", e);
             c->res->corruptions++;
         }
+        ret = 0;
+        switch (t) {
+        case CK_COMP:
+            ret = ck_l2_compressed(c, i, e, b, frag);
+            break;
+        case CK_ZERO_ALLOC:
+        case CK_NORMAL:
+            ret = ck_l2_host(c, l2_off, i, e, b, frag, &next_contig);
+            break;
+        case CK_ZERO_PLAIN:
+            break;
+        case CK_UNALLOC:
+            if (b & L2_BITMAP_ALL_ALLOC) {
+                c->res->corruptions++;
+                bi_message(BI_MESSAGE_CHECK,
+                           "ERROR: Unallocated cluster has non-zero "
+                           "subcluster allocation map");
+            }
+            break;
+        }
+        if (ret < 0)
+            return ret;
     }
     return 0;
 }
 
-static int ck_l1(struct ck *c, uint64_t l1_off, uint32_t l1_size, bool active)
+/* The L1 table at l1_off (l1_size entries, read from the file) and every
+ * L2 table it names (QEMU's check_refcounts_l1). */
+static int ck_l1(struct ck *c, uint64_t l1_off, uint32_t l1_size, bool frag)
 {
     qcow2_state *s = c->s;
     uint64_t bytes = (uint64_t)l1_size * 8;
-    ck_inc(c, l1_off, bytes);
     if (!l1_size)
         return 0;
+    int ret = ck_inc(c, l1_off, bytes);
+    if (ret < 0)
+        return ret;
     uint64_t *l1 = malloc(bytes);
     if (!l1) {
         c->res->check_errors++;
         return -ENOMEM;
     }
-    int ret;
-    if (active) {
-        memcpy(l1, s->l1_table, bytes);
-    } else {
-        ret = bi_co_pread(c->n->file, l1_off, l1, bytes);
-        if (ret < 0) {
-            fprintf(stderr, "ERROR: I/O error in check_refcounts_l1\n");
-            c->res->check_errors++;
-            free(l1);
-            return ret;
-        }
-        for (uint32_t i = 0; i < l1_size; i++)
-            l1[i] = be64toh(l1[i]);
+    ret = bi_co_pread(c->n->file, l1_off, l1, bytes);
+    if (ret < 0) {
+        bi_message(BI_MESSAGE_CHECK, "ERROR: I/O error in check_refcounts_l1");
+        c->res->check_errors++;
+        free(l1);
+        return ret;
     }
-    for (uint32_t i = 0; i < l1_size; i++) {
-        uint64_t l2 = l1[i] & L1E_OFFSET_MASK;
-        if (!l2)
+    for (uint32_t i = 0; i < l1_size && ret == 0; i++) {
+        uint64_t e = be64toh(l1[i]);
+        if (!e)
             continue;
-        ck_inc(c, l2, s->cluster_size);
-        if (l2 & (s->cluster_size - 1)) {
-            fprintf(stderr,
-                    "ERROR l2_offset=%" PRIx64 ": Table is not cluster "
-                    "aligned; L1 entry corrupted\n",
-                    l2);
+        if (e & L1E_RESERVED_MASK) {
+            bi_message(
+                BI_MESSAGE_CHECK,
+                "ERROR found L1 entry with reserved bits set: %" PRIx64 "", e);
             c->res->corruptions++;
-            continue;
         }
-        ret = ck_l2(c, l2, active);
-        if (ret < 0) {
-            free(l1);
-            return ret;
+        uint64_t l2 = e & L1E_OFFSET_MASK;
+        ret = ck_inc(c, l2, s->cluster_size);
+        if (ret < 0)
+            break;
+        if (qc_offset_into_cluster(s, l2)) {
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR l2_offset=%" PRIx64 ": Table is not cluster "
+                       "aligned; L1 entry corrupted",
+                       l2);
+            c->res->corruptions++;
         }
+        ret = ck_l2(c, l2, frag);
     }
     free(l1);
-    return 0;
+    return ret;
 }
 
-static int ck_calculate(struct ck *c)
+/* Every snapshot's tables, then the snapshot table itself. */
+static int ck_snapshots(struct ck *c)
 {
     qcow2_state *s = c->s;
-    int ret;
-    ck_inc(c, 0, s->cluster_size);
-    ret = ck_l1(c, s->l1_table_offset, s->l1_size, true);
-    if (ret < 0)
-        return ret;
+    if (qc_has_data_file(s) && s->nb_snapshots) {
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR %d snapshots in image with data file",
+                   (int)s->nb_snapshots);
+        c->res->corruptions++;
+    }
     for (uint32_t i = 0; i < s->nb_snapshots; i++) {
         const struct qcow2_snapshot *sn = &s->snapshots[i];
-        if (sn->l1_table_offset & (s->cluster_size - 1)) {
-            fprintf(stderr,
-                    "ERROR snapshot %s (%s) l1_offset=%#" PRIx64
-                    ": L1 table is not cluster aligned; snapshot "
-                    "table entry corrupted\n",
-                    sn->id_str, sn->name, sn->l1_table_offset);
+        if (qc_offset_into_cluster(s, sn->l1_table_offset)) {
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR snapshot %s (%s) l1_offset=%#" PRIx64
+                       ": L1 table is not cluster aligned; snapshot table "
+                       "entry corrupted",
+                       sn->id_str, sn->name, sn->l1_table_offset);
             c->res->corruptions++;
             continue;
         }
-        ret = ck_l1(c, sn->l1_table_offset, sn->l1_size, false);
+        if (sn->l1_size > CK_MAX_SNAPSHOT_L1) {
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR snapshot %s (%s) l1_size=%#" PRIx32
+                       ": L1 table is too large; snapshot table entry "
+                       "corrupted",
+                       sn->id_str, sn->name, sn->l1_size);
+            c->res->corruptions++;
+            continue;
+        }
+        int ret = ck_l1(c, sn->l1_table_offset, sn->l1_size, false);
         if (ret < 0)
             return ret;
     }
-    ck_inc(c, s->snapshots_offset, s->snapshots_size);
-    /* persistent bitmaps: directory, tables and data clusters */
-    if (s->bitmaps) {
-        ck_inc(c, s->bitmap_dir_offset, s->bitmap_dir_size);
-        for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
-            const struct qcow2_bitmap *bm = &s->bitmaps[i];
-            uint64_t bytes = (uint64_t)bm->table_size * 8;
-            if (!bytes)
-                continue;
-            ck_inc(c, bm->table_offset, bytes);
-            uint64_t *t = malloc(bytes);
-            if (!t) {
-                c->res->check_errors++;
-                return -ENOMEM;
-            }
-            ret = bi_co_pread(c->n->file, bm->table_offset, t, bytes);
-            if (ret < 0) {
-                free(t);
-                c->res->check_errors++;
-                return ret;
-            }
-            for (uint32_t j = 0; j < bm->table_size; j++) {
-                uint64_t off = be64toh(t[j]) & 0x00fffffffffffe00ULL;
-                if (off)
-                    ck_inc(c, off, s->cluster_size);
-            }
+    return ck_inc(c, s->snapshots_offset, s->snapshots_size);
+}
+
+/* A bitmap table entry as QEMU accepts it: no reserved bits, an aligned
+ * offset, and "all ones" only without an offset. */
+static bool ck_bitmap_entry_ok(const qcow2_state *s, uint64_t e)
+{
+    uint64_t off = e & L2E_OFFSET_MASK;
+    if (e & BME_RESERVED_MASK)
+        return false;
+    if (qc_offset_into_cluster(s, off))
+        return false;
+    return !(off && (e & BME_ALL_ONES));
+}
+
+/* The bitmap directory, each bitmap's table and its data clusters. */
+static int ck_bitmaps(struct ck *c)
+{
+    qcow2_state *s = c->s;
+    if (!s->bitmaps || !s->nb_bitmaps)
+        return 0;
+    int ret = ck_inc(c, s->bitmap_dir_offset, s->bitmap_dir_size);
+    for (uint32_t i = 0; i < s->nb_bitmaps && ret == 0; i++) {
+        const struct qcow2_bitmap *bm = &s->bitmaps[i];
+        uint64_t bytes = (uint64_t)bm->table_size * 8;
+        ret = ck_inc(c, bm->table_offset, bytes);
+        if (ret < 0 || !bytes)
+            break;
+        uint64_t *t = malloc(bytes);
+        if (!t) {
+            c->res->check_errors++;
+            return -ENOMEM;
+        }
+        if (bi_co_pread(c->n->file, bm->table_offset, t, bytes) < 0) {
             free(t);
+            c->res->corruptions++;
+            break;
+        }
+        bool bad = false;
+        for (uint32_t j = 0; j < bm->table_size; j++)
+            bad |= !ck_bitmap_entry_ok(s, be64toh(t[j]));
+        for (uint32_t j = 0; j < bm->table_size && !bad && ret == 0; j++) {
+            uint64_t off = be64toh(t[j]) & L2E_OFFSET_MASK;
+            if (off)
+                ret = ck_inc(c, off, s->cluster_size);
+        }
+        free(t);
+        if (bad) {
+            c->res->corruptions++;
+            break;
         }
     }
-    ck_inc(c, s->refcount_table_offset, s->refcount_table_size * 8);
+    return ret;
+}
+
+/* -r all on a refcount block beyond the end of the file: the file grows
+ * to hold it (QEMU's repair). 0 when it now lies inside. */
+static int ck_grow_file_to(struct ck *c, uint64_t off)
+{
+    qcow2_state *s = c->s;
+    bi_error e = {0};
+    int ret;
+    if (((off + s->cluster_size) >> s->cluster_bits) > CK_MAX_CLUSTERS)
+        ret = -EFBIG;
+    else
+        ret = c->n->file->drv->co_truncate(c->n->file, off + s->cluster_size,
+                                           false, BI_PREALLOC_OFF, &e);
+    if (ret == 0) {
+        int64_t len = bi_getlength(c->n->file);
+        ret = len < 0 ? (int)len : 0;
+        if (ret == 0) {
+            c->file_len = (uint64_t)len;
+            if (c->file_len > s->file_size)
+                s->file_size = c->file_len;
+            ret = ck_resize(c, qc_size_to_clusters(s, c->file_len));
+        }
+    }
+    if (ret < 0)
+        bi_message(BI_MESSAGE_CHECK, "ERROR could not resize image: %s",
+                   strerror(-ret));
+    return ret;
+}
+
+/* The refcount blocks: reserved bits, alignment, inside the file, and
+ * referenced exactly once (QEMU's check_refblocks). */
+static int ck_refblocks(struct ck *c)
+{
+    qcow2_state *s = c->s;
     for (uint64_t i = 0; i < s->refcount_table_size; i++) {
-        uint64_t off = s->refcount_table[i];
+        uint64_t off = s->refcount_table[i] & RTE_OFFSET_MASK;
         uint64_t cl = off >> s->cluster_bits;
-        if (off & (s->cluster_size - 1)) {
-            fprintf(stderr,
-                    "ERROR refcount block %" PRIu64 " is not "
-                    "cluster aligned; refcount table entry "
-                    "corrupted\n",
-                    i);
+        if (s->refcount_table[i] & RTE_RESERVED_MASK) {
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR refcount table entry %" PRIu64 " has reserved "
+                       "bits set",
+                       i);
             c->res->corruptions++;
             c->rebuild = true;
+            continue;
+        }
+        if (qc_offset_into_cluster(s, off)) {
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR refcount block %" PRIu64
+                       " is not cluster aligned; "
+                       "refcount table entry corrupted",
+                       i);
+            c->res->corruptions++;
+            c->rebuild = true;
+            continue;
+        }
+        if (cl >= c->nb) {
+            bool fix = c->fix & BI_CHECK_FIX_ERRORS;
+            c->res->corruptions++;
+            bi_message(BI_MESSAGE_CHECK,
+                       "%s refcount block %" PRIu64 " is outside image",
+                       fix ? "Repairing" : "ERROR", i);
+            if (!fix)
+                continue;
+            if (ck_grow_file_to(c, off) < 0 || cl >= c->nb) {
+                c->rebuild = true;
+                continue;
+            }
+            c->res->corruptions--;
+            c->res->corruptions_fixed++;
+            int ret = ck_inc(c, off, s->cluster_size);
+            if (ret < 0)
+                return ret;
             continue;
         }
         if (!off)
             continue;
-        if (cl >= c->file_clusters) {
-            fprintf(stderr,
-                    "ERROR refcount block %" PRIu64 " is outside image\n", i);
-            c->res->corruptions++;
-            c->rebuild = true;
-            continue;
-        }
-        ck_inc(c, off, s->cluster_size);
+        int ret = ck_inc(c, off, s->cluster_size);
+        if (ret < 0)
+            return ret;
         if (c->ref[cl] != 1) {
-            fprintf(stderr,
-                    "ERROR refcount block %" PRIu64 " refcount=%" PRIu32 "\n",
-                    i, c->ref[cl]);
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR refcount block %" PRIu64 " refcount=%" PRIu32 "",
+                       i, c->ref[cl]);
             c->res->corruptions++;
             c->rebuild = true;
         }
     }
     return 0;
+}
+
+/* Phase 1: every reference the image makes, counted in c->ref. */
+static int ck_calculate(struct ck *c)
+{
+    qcow2_state *s = c->s;
+    int ret = ck_inc(c, 0, s->cluster_size);
+    if (ret == 0)
+        ret = ck_l1(c, s->l1_table_offset, s->l1_size, true);
+    if (ret == 0)
+        ret = ck_snapshots(c);
+    if (ret == 0)
+        ret = ck_inc(c, s->refcount_table_offset, s->refcount_table_size * 8);
+    if (ret == 0 && s->has_crypto_hdr)
+        ret = ck_inc(c, s->crypto_hdr_offset, s->crypto_hdr_length);
+    if (ret == 0)
+        ret = ck_bitmaps(c);
+    if (ret == 0)
+        ret = ck_refblocks(c);
+    return ret;
+}
+
+/* Phase 2: the stored refcounts against the computed ones (QEMU's
+ * compare_refcounts); fix repairs leaks and too-low counts in place. */
+static void ck_compare(struct ck *c, int fix, uint64_t *highest)
+{
+    qcow2_state *s = c->s;
+    *highest = 0;
+    for (uint64_t i = 0; i < c->nb; i++) {
+        uint64_t r1;
+        int ret = qc_get_refcount(c->n, i, &r1);
+        if (ret < 0) {
+            bi_message(BI_MESSAGE_CHECK,
+                       "Can't get refcount for cluster %" PRIu64 ": %s", i,
+                       strerror(-ret));
+            c->res->check_errors++;
+            continue;
+        }
+        uint64_t r2 = c->ref[i];
+        if (r1 || r2)
+            *highest = i;
+        if (r1 == r2)
+            continue;
+        int *fixed = NULL;
+        if (r1 == 0)
+            c->rebuild = true;
+        else if (r1 > r2 && (fix & BI_CHECK_FIX_LEAKS))
+            fixed = &c->res->leaks_fixed;
+        else if (r1 < r2 && (fix & BI_CHECK_FIX_ERRORS))
+            fixed = &c->res->corruptions_fixed;
+        bi_message(BI_MESSAGE_CHECK,
+                   "%s cluster %" PRIu64 " refcount=%" PRIu64
+                   " reference=%" PRIu64 "",
+                   fixed     ? "Repairing"
+                   : r1 < r2 ? "ERROR"
+                             : "Leaked",
+                   i, r1, r2);
+        if (fixed) {
+            int64_t delta = r1 > r2 ? -(int64_t)(r1 - r2) : (int64_t)(r2 - r1);
+            if (qc_update_refcount(c->n, i << s->cluster_bits, s->cluster_size,
+                                   delta) == 0) {
+                (*fixed)++;
+                continue;
+            }
+        }
+        if (r1 < r2)
+            c->res->corruptions++;
+        else
+            c->res->leaks++;
+    }
 }
 
 static void ck_put64(uint8_t *p, uint64_t v)
@@ -295,6 +599,7 @@ static void ck_put64(uint8_t *p, uint64_t v)
     memcpy(p, &v, 8);
 }
 
+/* Stores refcount v as entry i of a refcount block in the image's width. */
 static void ck_rb_set(const qcow2_state *s, uint8_t *p, uint64_t i, uint64_t v)
 {
     switch (s->refcount_order) {
@@ -326,229 +631,404 @@ static void ck_rb_set(const qcow2_state *s, uint8_t *p, uint64_t i, uint64_t v)
     }
 }
 
-/* Writes a new refcount structure from the computed counts, past the end
- * of everything, and switches the header to it. */
+/* Takes count free clusters in a row in the computed counts, from
+ * *first_free on, growing past the end where there are none (QEMU's
+ * alloc_clusters_imrt); *first_free moves to the first gap seen. Returns
+ * the first cluster's index or -errno. */
+static int64_t ck_alloc_imrt(struct ck *c, uint64_t count, uint64_t *first_free)
+{
+    uint64_t cl = *first_free, run = 0;
+    bool first_gap = true;
+    for (; cl < c->nb && run < count; cl++) {
+        if (c->ref[cl]) {
+            run = 0;
+            continue;
+        }
+        run++;
+        if (first_gap) {
+            *first_free = cl;
+            first_gap = false;
+        }
+    }
+    if (run < count) {
+        int ret = ck_resize(c, cl + count - run);
+        if (ret < 0)
+            return ret;
+    }
+    cl -= run;
+    for (uint64_t i = 0; i < count; i++)
+        c->ref[cl + i] = 1;
+    return (int64_t)cl;
+}
+
+/* The new refcount table being built: entries host endian. */
+struct ck_rt {
+    uint64_t *t;
+    uint64_t entries;
+};
+
+/* Makes the new table hold entry idx (whole clusters of entries). */
+static int ck_rt_reserve(struct ck *c, struct ck_rt *rt, uint64_t idx)
+{
+    uint64_t per = c->s->cluster_size / 8;
+    uint64_t want = (idx / per + 1) * per;
+    if (want * 8 > QCOW2_MAX_REFTABLE_BYTES)
+        return -EFBIG;
+    uint64_t *t = realloc(rt->t, want * 8);
+    if (!t)
+        return -ENOMEM;
+    memset(t + rt->entries, 0, (want - rt->entries) * 8);
+    rt->t = t;
+    rt->entries = want;
+    return 0;
+}
+
+/* Writes refcount block idx at off from the computed counts. */
+static int ck_write_refblock(struct ck *c, uint64_t idx, uint64_t off,
+                             uint8_t *buf)
+{
+    qcow2_state *s = c->s;
+    uint64_t epb = 1ULL << s->rb_bits;
+    memset(buf, 0, s->cluster_size);
+    for (uint64_t k = 0; k < epb; k++) {
+        uint64_t cl = idx * epb + k;
+        if (cl >= c->nb)
+            break;
+        ck_rb_set(s, buf, k, BI_MIN((uint64_t)c->ref[cl], s->refcount_max));
+    }
+    return bi_co_pwrite(c->n->file, off, buf, s->cluster_size, 0);
+}
+
+/* Writes a refcount block for every block of clusters in [first, end)
+ * that holds a counted cluster, each into a free cluster taken from the
+ * counts (QEMU's rebuild_refcounts_write_refblocks). Returns 1 when the
+ * new table had to grow, 0 when not, or -errno. */
+static int ck_write_refblocks(struct ck *c, uint64_t first, uint64_t end,
+                              struct ck_rt *rt, uint8_t *buf)
+{
+    qcow2_state *s = c->s;
+    uint64_t epb = 1ULL << s->rb_bits, first_free = 0;
+    int grown = 0;
+    for (uint64_t cl = first; cl < end && cl < c->nb; cl++) {
+        if (!c->ref[cl])
+            continue;
+        uint64_t idx = cl >> s->rb_bits, start = idx << s->rb_bits;
+        if (idx >= rt->entries || !rt->t[idx]) {
+            first_free = BI_MAX(first_free, start);
+            int64_t k = ck_alloc_imrt(c, 1, &first_free);
+            if (k < 0)
+                return (int)k;
+            if ((uint64_t)k >= end)
+                end = (uint64_t)k + 1;
+            if (idx >= rt->entries) {
+                int ret = ck_rt_reserve(c, rt, idx);
+                if (ret < 0)
+                    return ret;
+                grown = 1;
+            }
+            rt->t[idx] = (uint64_t)k << s->cluster_bits;
+        }
+        int ret = ck_write_refblock(c, idx, rt->t[idx], buf);
+        if (ret < 0)
+            return ret;
+        cl = start + epb - 1;
+    }
+    return grown;
+}
+
+/* Writes the new table and points the header at it; the state follows. */
+static int ck_install_reftable(struct ck *c, struct ck_rt *rt, uint64_t off)
+{
+    qcow2_state *s = c->s;
+    uint64_t bytes = rt->entries * 8;
+    uint64_t *be = malloc(bytes);
+    if (!be)
+        return -ENOMEM;
+    for (uint64_t i = 0; i < rt->entries; i++)
+        be[i] = htobe64(rt->t[i]);
+    int ret = bi_co_pwrite(c->n->file, off, be, bytes, 0);
+    free(be);
+    if (ret == 0)
+        ret = bi_co_flush(c->n->file);
+    if (ret < 0)
+        return ret;
+    uint8_t h[12];
+    ck_put64(h, off);
+    uint32_t tc = htobe32((uint32_t)(bytes >> s->cluster_bits));
+    memcpy(h + 8, &tc, 4);
+    ret = qc_write_header_field(c->n, QH_RT_OFFSET, h, 12);
+    if (ret == 0)
+        ret = bi_co_flush(c->n->file);
+    if (ret < 0)
+        return ret;
+    free(s->refcount_table);
+    s->refcount_table = rt->t;
+    rt->t = NULL;
+    s->refcount_table_size = rt->entries;
+    s->refcount_table_offset = off;
+    s->refcount_table_clusters = (uint32_t)(bytes >> s->cluster_bits);
+    s->free_cluster_index = 0;
+    s->free_byte_offset = 0;
+    qc_cache_drop_all(&s->rb_cache);
+    int64_t len = bi_getlength(c->n->file);
+    if (len < 0)
+        return (int)len;
+    c->file_len = (uint64_t)len;
+    if (c->file_len > s->file_size)
+        s->file_size = c->file_len;
+    return 0;
+}
+
+/* Phase 3: a whole new refcount structure from the computed counts (QEMU's
+ * rebuild_refcount_structure): refcount blocks first, then a table placed
+ * where it fits, the blocks covering it written again, until the table
+ * stops growing; the header switches last. The old structure is left to
+ * leak (the next calculation frees it). */
 static int ck_rebuild(struct ck *c)
 {
     qcow2_state *s = c->s;
-    bi_node *n = c->n;
-    uint64_t cs = s->cluster_size;
-    int ret;
-
-    /* the old structure is not referenced any more */
-    uint64_t rt_first = s->refcount_table_offset >> s->cluster_bits;
-    uint64_t rt_n = qc_size_to_clusters(s, s->refcount_table_size * 8);
-    for (uint64_t i = rt_first; i < rt_first + rt_n && i < c->nb; i++)
-        if (c->ref[i])
-            c->ref[i]--;
-    for (uint64_t i = 0; i < s->refcount_table_size; i++) {
-        uint64_t off = s->refcount_table[i];
-        uint64_t cl = off >> s->cluster_bits;
-        if (!off || (off & (cs - 1)) || cl >= c->file_clusters)
-            continue;
-        if (c->ref[cl])
-            c->ref[cl]--;
-    }
-    uint64_t e = BI_MAX(c->nb, c->file_clusters);
-    uint64_t epb = 1ULL << s->rb_bits;
-    uint64_t r = 1, t = 1;
-    for (;;) {
-        uint64_t total = e + t + r;
-        uint64_t r2 = (total + epb - 1) / epb;
-        uint64_t t2 = (r2 * 8 + cs - 1) / cs;
-        if (r2 <= r && t2 <= t)
-            break;
-        r = BI_MAX(r, r2);
-        t = BI_MAX(t, t2);
-    }
-    if (t * cs > QCOW2_MAX_REFTABLE_BYTES)
-        return -EFBIG;
-    ret = ck_grow(c, e + t + r);
-    if (ret < 0)
-        return ret;
-    for (uint64_t i = e; i < e + t + r; i++)
-        c->ref[i] = 1;
-    uint8_t *buf = bi_blockalign(n->file, cs);
-    uint64_t *tbl = calloc(t * cs / 8, 8);
-    if (!buf || !tbl) {
-        bi_free_aligned(buf);
-        free(tbl);
-        return -ENOMEM;
-    }
-    ret = 0;
-    for (uint64_t b = 0; b < r && ret == 0; b++) {
-        memset(buf, 0, cs);
-        for (uint64_t k = 0; k < epb; k++) {
-            uint64_t cl = b * epb + k;
-            if (cl >= c->nb)
-                break;
-            uint64_t v = c->ref[cl];
-            if (v > s->refcount_max)
-                v = s->refcount_max;
-            ck_rb_set(s, buf, k, v);
-        }
-        uint64_t off = (e + t + b) << s->cluster_bits;
-        ck_put64((uint8_t *)&tbl[b], off);
-        ret = bi_co_pwrite(n->file, off, buf, cs, 0);
-    }
-    if (ret == 0)
-        ret = bi_co_pwrite(n->file, e << s->cluster_bits, tbl, t * cs, 0);
-    if (ret == 0)
-        ret = bi_co_flush(n->file);
-    bi_free_aligned(buf);
-    if (ret < 0) {
-        free(tbl);
-        return ret;
-    }
-    uint8_t h[12];
-    ck_put64(h, e << s->cluster_bits);
-    uint32_t tc = htobe32((uint32_t)t);
-    memcpy(h + 8, &tc, 4);
-    ret = qc_write_header_field(n, QH_RT_OFFSET, h, 12);
-    if (ret < 0) {
-        free(tbl);
-        return ret;
-    }
-    for (uint64_t i = 0; i < t * cs / 8; i++)
-        tbl[i] = be64toh(tbl[i]);
-    free(s->refcount_table);
-    s->refcount_table = tbl;
-    s->refcount_table_size = t * cs / 8;
-    s->refcount_table_offset = e << s->cluster_bits;
-    s->refcount_table_clusters = (uint32_t)t;
-    s->free_cluster_index = 0;
-    s->free_byte_offset = 0;
-    if (((e + t + r) << s->cluster_bits) > s->file_size)
-        s->file_size = (e + t + r) << s->cluster_bits;
+    struct ck_rt rt = {NULL, 0};
+    uint8_t *buf = bi_blockalign(c->n->file, s->cluster_size);
+    int ret = buf ? 0 : -ENOMEM;
     qc_cache_drop_all(&s->rb_cache);
-    c->file_clusters = BI_MAX(c->file_clusters, e + t + r);
-    return 0;
-}
-
-static void ck_compare(struct ck *c, int fix, uint64_t *highest)
-{
-    qcow2_state *s = c->s;
-    *highest = 0;
-    for (uint64_t i = 0; i < c->nb; i++) {
-        uint64_t r1;
-        int ret = qc_get_refcount(c->n, i, &r1);
-        if (ret < 0) {
-            fprintf(stderr, "Can't get refcount for cluster %" PRIu64 ": %s\n",
-                    i, strerror(-ret));
-            c->res->check_errors++;
-            continue;
+    if (ret == 0)
+        ret = ck_write_refblocks(c, 0, c->nb, &rt, buf);
+    assert(ret != 0); /* the header alone makes the table grow */
+    int64_t off = -1;
+    while (ret > 0) {
+        uint64_t first_free = 0;
+        uint64_t n = qc_size_to_clusters(s, rt.entries * 8);
+        off = ck_alloc_imrt(c, n, &first_free);
+        if (off < 0) {
+            ret = (int)off;
+            break;
         }
-        uint64_t r2 = c->ref[i];
-        if (r1 || r2)
-            *highest = i;
-        if (r1 == r2)
-            continue;
-        int *fixed = NULL;
-        if (r1 == 0)
-            c->rebuild = true;
-        else if (r1 > r2 && (fix & BI_CHECK_FIX_LEAKS))
-            fixed = &c->res->leaks_fixed;
-        else if (r1 < r2 && (fix & BI_CHECK_FIX_ERRORS))
-            fixed = &c->res->corruptions_fixed;
-        fprintf(stderr,
-                "%s cluster %" PRIu64 " refcount=%" PRIu64 " reference=%" PRIu64
-                "\n",
-                fixed     ? "Repairing"
-                : r1 < r2 ? "ERROR"
-                          : "Leaked",
-                i, r1, r2);
-        if (fixed) {
-            int64_t delta = r1 > r2 ? -(int64_t)(r1 - r2) : (int64_t)(r2 - r1);
-            if (qc_update_refcount(c->n, i << s->cluster_bits, s->cluster_size,
-                                   delta) == 0) {
-                (*fixed)++;
-                continue;
-            }
-        }
-        if (r1 < r2)
-            c->res->corruptions++;
-        else
-            c->res->leaks++;
+        ret = ck_write_refblocks(c, (uint64_t)off, (uint64_t)off + n, &rt, buf);
     }
+    if (ret == 0)
+        ret = bi_co_flush(c->n->file);
+    if (ret == 0)
+        ret = ck_install_reftable(c, &rt, (uint64_t)off << s->cluster_bits);
+    bi_free_aligned(buf);
+    free(rt.t);
+    return ret;
 }
 
-static int ck_oflag_copied(struct ck *c, int fix)
+/* Phase 4 for one L2 table: each data entry's COPIED flag against its
+ * cluster's refcount. Returns the entries repaired in c->l2buf. */
+static int ck_copied_l2(struct ck *c, bool repair)
 {
     qcow2_state *s = c->s;
-    int ret;
-    for (uint32_t i = 0; i < s->l1_size; i++) {
-        uint64_t l1e = s->l1_table[i];
-        uint64_t l2 = l1e & L1E_OFFSET_MASK;
-        uint64_t rc;
-        if (!l2 || (l2 & (s->cluster_size - 1)))
+    int dirty = 0;
+    for (uint64_t j = 0; j < s->l2_entries; j++) {
+        uint64_t e, b, rc = 1;
+        qc_get_l2(s, c->l2buf, j, &e, &b);
+        enum ck_type t = ck_type_of(s, e);
+        if (t != CK_NORMAL && t != CK_ZERO_ALLOC)
             continue;
-        if (qc_get_refcount(c->n, l2 >> s->cluster_bits, &rc) < 0)
+        if (!qc_has_data_file(s) &&
+            qc_get_refcount(c->n, (e & L2E_OFFSET_MASK) >> s->cluster_bits,
+                            &rc) < 0)
+            continue;
+        if ((rc == 1) == ((e & QCOW_OFLAG_COPIED) != 0))
+            continue;
+        c->res->corruptions++;
+        bi_message(BI_MESSAGE_CHECK,
+                   "%s OFLAG_COPIED data cluster: l2_entry=%" PRIx64
+                   " refcount=%" PRIu64 "",
+                   repair ? "Repairing" : "ERROR", e, rc);
+        if (repair) {
+            e = rc == 1 ? e | QCOW_OFLAG_COPIED : e & ~QCOW_OFLAG_COPIED;
+            qc_set_l2(s, c->l2buf, j, e, b);
+            dirty++;
+        }
+    }
+    return dirty;
+}
+
+/* Phase 4: COPIED flags of the active L1 and L2 entries (QEMU's
+ * check_oflag_copied); repaired with -r all, or with -r leaks when the
+ * counts are known good by now. */
+static int ck_oflag_copied(struct ck *c)
+{
+    qcow2_state *s = c->s;
+    struct bi_check_result *res = c->res;
+    bool repair = (c->fix & BI_CHECK_FIX_ERRORS) ||
+                  ((c->fix & BI_CHECK_FIX_LEAKS) && !res->check_errors &&
+                   !res->corruptions && !res->leaks);
+    for (uint32_t i = 0; i < s->l1_size; i++) {
+        uint64_t l1e = s->l1_table[i], rc;
+        uint64_t l2 = l1e & L1E_OFFSET_MASK;
+        if (!l2 || qc_get_refcount(c->n, l2 >> s->cluster_bits, &rc) < 0)
             continue;
         if ((rc == 1) != ((l1e & QCOW_OFLAG_COPIED) != 0)) {
-            fprintf(stderr,
-                    "%s OFLAG_COPIED L2 cluster: l1_index=%" PRIu32
-                    " l1_entry=%" PRIx64 " refcount=%" PRIu64 "\n",
-                    (fix & BI_CHECK_FIX_ERRORS) ? "Repairing" : "ERROR", i, l1e,
-                    rc);
-            if (fix & BI_CHECK_FIX_ERRORS) {
+            res->corruptions++;
+            bi_message(BI_MESSAGE_CHECK,
+                       "%s OFLAG_COPIED L2 cluster: l1_index=%" PRIu32
+                       " l1_entry=%" PRIx64 " refcount=%" PRIu64 "",
+                       repair ? "Repairing" : "ERROR", i, l1e, rc);
+            if (repair) {
                 s->l1_table[i] = rc == 1 ? l1e | QCOW_OFLAG_COPIED
                                          : l1e & ~QCOW_OFLAG_COPIED;
-                ret = qc_write_l1_entry(c->n, i);
+                int ret = qc_write_l1_entry(c->n, i);
                 if (ret < 0) {
-                    c->res->check_errors++;
+                    res->check_errors++;
                     return ret;
                 }
-                c->res->corruptions_fixed++;
-            } else {
-                c->res->corruptions++;
+                res->corruptions--;
+                res->corruptions_fixed++;
             }
         }
-        void *t;
-        ret = qc_cache_get(c->n, &s->l2_cache, l2, false, &t);
+        int ret = bi_co_pread(c->n->file, l2, c->l2buf, s->cluster_size);
         if (ret < 0) {
-            fprintf(stderr, "ERROR: Could not read L2 table: %s\n",
-                    strerror(-ret));
-            c->res->check_errors++;
+            bi_message(BI_MESSAGE_CHECK, "ERROR: Could not read L2 table: %s",
+                       strerror(-ret));
+            res->check_errors++;
             return ret;
         }
-        bool dirty = false;
-        for (uint64_t j = 0; j < s->l2_entries; j++) {
-            uint64_t e, b;
-            qc_get_l2(s, t, j, &e, &b);
-            if (e & QCOW_OFLAG_COMPRESSED)
-                continue;
-            uint64_t host = e & L2E_OFFSET_MASK;
-            if (!host && !(qc_has_data_file(s) && (e & QCOW_OFLAG_COPIED)))
-                continue;
-            if (qc_has_data_file(s)) {
-                rc = 1;
-            } else if (qc_get_refcount(c->n, host >> s->cluster_bits, &rc) <
-                       0) {
-                continue;
-            }
-            if ((rc == 1) != ((e & QCOW_OFLAG_COPIED) != 0)) {
-                fprintf(stderr,
-                        "%s OFLAG_COPIED data cluster: l2_entry=%" PRIx64
-                        " refcount=%" PRIu64 "\n",
-                        (fix & BI_CHECK_FIX_ERRORS) ? "Repairing" : "ERROR", e,
-                        rc);
-                if (fix & BI_CHECK_FIX_ERRORS) {
-                    qc_set_l2(s, t, j,
-                              rc == 1 ? e | QCOW_OFLAG_COPIED
-                                      : e & ~QCOW_OFLAG_COPIED,
-                              b);
-                    dirty = true;
-                    c->res->corruptions_fixed++;
-                } else {
-                    c->res->corruptions++;
-                }
-            }
+        int dirty = ck_copied_l2(c, repair);
+        if (!dirty)
+            continue;
+        ret = bi_co_pwrite(c->n->file, l2, c->l2buf, s->cluster_size, 0);
+        if (ret < 0) {
+            bi_message(BI_MESSAGE_CHECK, "ERROR: Could not write L2 table: %s",
+                       strerror(-ret));
+            res->check_errors++;
+            return ret;
         }
-        if (dirty)
-            qc_cache_mark_dirty(&s->l2_cache, t);
-        qc_cache_put(&s->l2_cache, t);
+        qc_cache_discard(&s->l2_cache, qc_start_of_cluster(s, l2));
+        res->corruptions -= dirty;
+        res->corruptions_fixed += dirty;
     }
     return 0;
+}
+
+/* Phase 3 and the counts after it: rebuild, count again (fix off), free
+ * the old structure's clusters with -r leaks, and account for what the
+ * rebuild fixed (QEMU's bookkeeping, fresh leaks included). */
+static int ck_rebuild_and_recount(struct ck *c, uint64_t *highest)
+{
+    struct bi_check_result old = *c->res;
+    int fix = c->fix;
+    bi_message(BI_MESSAGE_CHECK, "Rebuilding refcount structure");
+    int ret = qc_flush_metadata(c->n);
+    if (ret == 0)
+        ret = ck_rebuild(c);
+    if (ret < 0) {
+        bi_message(BI_MESSAGE_CHECK, "ERROR rebuilding refcount structure: %s",
+                   strerror(-ret));
+        c->res->check_errors++;
+        return ret;
+    }
+    c->res->corruptions = 0;
+    c->res->leaks = 0;
+    c->rebuild = false;
+    memset(c->ref, 0, c->nb * sizeof(uint32_t));
+    c->fix = 0;
+    ret = ck_calculate(c);
+    c->fix = fix;
+    if (ret < 0)
+        return ret;
+    int fresh_leaks = 0;
+    if (fix & BI_CHECK_FIX_LEAKS) {
+        struct bi_check_result saved = *c->res;
+        memset(c->res, 0, sizeof(*c->res));
+        ck_compare(c, BI_CHECK_FIX_LEAKS, highest);
+        if (c->rebuild)
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR rebuilt refcount structure is still "
+                       "broken");
+        fresh_leaks = c->res->leaks;
+        *c->res = saved;
+    }
+    if (c->res->corruptions < old.corruptions)
+        c->res->corruptions_fixed += old.corruptions - c->res->corruptions;
+    if (c->res->leaks < old.leaks)
+        c->res->leaks_fixed += old.leaks - c->res->leaks;
+    c->res->leaks += fresh_leaks;
+    return 0;
+}
+
+/* Phase 0, the snapshot table pointer in the header (QEMU's
+ * qcow2_check_read_snapshot_table validates it even without snapshots):
+ * an offset that is unaligned or overflows fails the check. */
+static int ck_snapshot_pointer(struct ck *c, bi_error *err)
+{
+    qcow2_state *s = c->s;
+    uint8_t p[12];
+    int ret = bi_co_pread(c->n->file, 60, p, sizeof(p));
+    if (ret < 0) {
+        c->res->check_errors++;
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR failed to read the snapshot table pointer from the "
+                   "image header: %s",
+                   strerror(-ret));
+        return ret;
+    }
+    uint32_t nb;
+    uint64_t off;
+    memcpy(&nb, p, 4);
+    memcpy(&off, p + 4, 8);
+    nb = be32toh(nb);
+    off = be64toh(off);
+    uint64_t size = (uint64_t)BI_MIN(nb, QCOW2_MAX_SNAPSHOTS) * 40;
+    if (off > INT64_MAX - size || qc_offset_into_cluster(s, off)) {
+        c->res->check_errors++;
+        bi_error_set(err, 0, "ERROR snapshot table offset invalid");
+        return -EINVAL;
+    }
+    return 0;
+}
+
+/* Phases 1 to 4 (QEMU's qcow2_check_refcounts). */
+static int ck_refcounts(struct ck *c)
+{
+    qcow2_state *s = c->s;
+    int ret = ck_calculate(c);
+    if (ret < 0)
+        return ret;
+    struct bi_check_result pre = *c->res;
+    uint64_t highest = 0;
+    ck_compare(c, 0, &highest);
+    if (c->rebuild && (c->fix & BI_CHECK_FIX_ERRORS)) {
+        ret = ck_rebuild_and_recount(c, &highest);
+        if (ret < 0)
+            return ret;
+    } else if (c->fix) {
+        if (c->rebuild) {
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR need to rebuild refcount structures");
+            c->res->check_errors++;
+            return -EIO;
+        }
+        if (c->res->leaks || c->res->corruptions) {
+            *c->res = pre;
+            ck_compare(c, c->fix, &highest);
+        }
+    }
+    ret = ck_oflag_copied(c);
+    if (ret < 0)
+        return ret;
+    c->res->image_end_offset = (int64_t)((highest + 1) << s->cluster_bits);
+    return 0;
+}
+
+/* After a repair that left no corruption: the dirty and corrupt bits go
+ * (QEMU's mark clean, mark consistent), everything reaches the disk. */
+static int ck_finish_repair(struct ck *c)
+{
+    qcow2_state *s = c->s;
+    int ret = qc_flush_metadata(c->n);
+    if (ret == 0)
+        ret = bi_co_flush(c->n->file);
+    uint64_t bad = QCOW2_INCOMPAT_DIRTY | QCOW2_INCOMPAT_CORRUPT;
+    if (ret == 0 && !c->res->check_errors && !c->res->corruptions &&
+        (s->incompat & bad)) {
+        ret = qc_update_incompat(c->n, s->incompat & ~bad);
+        if (ret == 0)
+            s->corrupt = false;
+    }
+    return ret;
 }
 
 int qcow2_check_image(bi_node *n, struct bi_check_result *res_out, int fix,
@@ -557,130 +1037,45 @@ int qcow2_check_image(bi_node *n, struct bi_check_result *res_out, int fix,
     qcow2_state *s = n->opaque;
     struct bi_check_result local;
     struct bi_check_result *res = res_out ? res_out : &local;
-    struct ck c;
-    int ret;
+    struct ck c = {.n = n, .s = s, .res = res, .fix = fix};
+    int ret = 0;
     memset(res, 0, sizeof(*res));
-    memset(&c, 0, sizeof(c));
     if (fix && s->read_only) {
         bi_error_set(err, EROFS, "Cannot repair a read-only image");
         return -EROFS;
     }
     bi_co_mutex_lock(&s->lock);
-    if (fix) {
+    if (fix)
         ret = qc_before_meta_write(n);
-        if (ret < 0) {
-            res->check_errors++;
-            goto out;
-        }
-    }
-    if (!s->read_only) {
+    if (ret == 0 && !s->read_only)
         ret = qc_flush_metadata(n);
-        if (ret < 0) {
-            res->check_errors++;
-            goto out;
-        }
-    }
-    int64_t fsz = bi_getlength(n->file);
+    int64_t fsz = ret < 0 ? ret : bi_getlength(n->file);
     if (fsz < 0) {
         res->check_errors++;
         ret = (int)fsz;
         goto out;
     }
-    c.n = n;
-    c.s = s;
-    c.res = res;
-    c.file_clusters = qc_size_to_clusters(s, (uint64_t)fsz);
-    if (c.file_clusters > (1ULL << 31)) {
-        res->check_errors++;
-        ret = -EFBIG;
-        goto out;
-    }
+    c.file_len = (uint64_t)fsz;
+    c.ref_max = BI_MIN(s->refcount_max, (uint64_t)UINT32_MAX);
     c.l2buf = bi_blockalign(n->file, s->cluster_size);
-    if (!c.l2buf || ck_grow(&c, c.file_clusters ? c.file_clusters : 1) < 0) {
+    ret = c.l2buf ? ck_resize(&c, qc_size_to_clusters(s, c.file_len)) : -ENOMEM;
+    if (ret < 0) {
         res->check_errors++;
-        ret = -ENOMEM;
         goto out;
     }
     res->total_clusters = qc_size_to_clusters(s, n->size);
     res->has_frag_info = true;
-
-    ret = ck_calculate(&c);
-    if (ret < 0)
-        goto out;
-    struct bi_check_result pre = *res;
-    uint64_t highest = 0;
-    ck_compare(&c, 0, &highest);
-    if (fix && c.rebuild && (fix & BI_CHECK_FIX_ERRORS)) {
-        struct bi_check_result old = *res;
-        fprintf(stderr, "Rebuilding refcount structure\n");
-        ret = qc_flush_metadata(n);
-        if (ret == 0)
-            ret = ck_rebuild(&c);
-        if (ret < 0) {
-            fprintf(stderr, "ERROR rebuilding refcount structure: %s\n",
-                    strerror(-ret));
-            res->check_errors++;
-            goto out;
-        }
-        res->corruptions = 0;
-        res->leaks = 0;
-        c.rebuild = false;
-        ck_compare(&c, 0, &highest);
-        if (c.rebuild)
-            fprintf(stderr, "ERROR rebuilt refcount structure is still "
-                            "broken\n");
-        if (res->corruptions < old.corruptions)
-            res->corruptions_fixed += old.corruptions - res->corruptions;
-        if (res->leaks < old.leaks)
-            res->leaks_fixed += old.leaks - res->leaks;
-    } else if (fix) {
-        if (c.rebuild) {
-            fprintf(stderr, "ERROR need to rebuild refcount structures\n");
-            res->check_errors++;
-            ret = -EIO;
-            goto out;
-        }
-        if (res->leaks || res->corruptions) {
-            *res = pre;
-            ck_compare(&c, fix, &highest);
-        }
-    }
-    ret = ck_oflag_copied(&c, fix);
-    if (ret < 0)
-        goto out;
-    res->image_end_offset = (int64_t)((highest + 1) << s->cluster_bits);
-    if (fix && !s->read_only && !res->check_errors && !res->corruptions &&
-        (s->incompat & (QCOW2_INCOMPAT_DIRTY | QCOW2_INCOMPAT_CORRUPT))) {
-        /* consistent again: mark clean and not corrupt, as QEMU does */
-        ret = qc_flush_metadata(n);
-        if (ret == 0)
-            ret = bi_co_flush(n->file);
-        if (ret == 0)
-            ret =
-                qc_update_incompat(n, s->incompat & ~(QCOW2_INCOMPAT_DIRTY |
-                                                      QCOW2_INCOMPAT_CORRUPT));
-        if (ret < 0) {
-            res->check_errors++;
-            goto out;
-        }
-        s->corrupt = false;
-    }
-    if (fix && !s->read_only) {
-        ret = qc_flush_metadata(n);
-        if (ret == 0)
-            ret = bi_co_flush(n->file);
-        if (ret < 0) {
-            res->check_errors++;
-            goto out;
-        }
-    }
-    ret = 0;
+    ret = ck_snapshot_pointer(&c, err);
+    if (ret == 0)
+        ret = ck_refcounts(&c);
+    if (ret == 0 && fix && !s->read_only)
+        ret = ck_finish_repair(&c);
+    if (ret < 0 && fix && !res->check_errors)
+        res->check_errors++;
 out:
     bi_co_mutex_unlock(&s->lock);
     free(c.ref);
     bi_free_aligned(c.l2buf);
-    if (ret < 0 && err && !err->msg[0])
-        bi_error_set(err, -ret, "Check failed");
     return ret;
 }
 

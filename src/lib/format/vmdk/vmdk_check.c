@@ -2,15 +2,14 @@
 /*
  * vmdk check as qemu-img check -f vmdk does it: every grain's entry must
  * be readable and, where allocated, start inside its file. The first
- * problem ends the check, printed in QEMU's words; repairs are not
- * offered (-ENOTSUP, QEMU's "does not support checks").
+ * problem ends the check, reported (bi_message) in QEMU's words; repairs are
+ * not offered (-ENOTSUP, QEMU's "does not support checks").
  */
 #include "util/util.h"
 #include "vmdk.h"
 
 #include <errno.h>
 #include <inttypes.h>
-#include <stdio.h>
 
 /* Where the grain of extent-relative offset rel lives (0: nowhere), or
  * -1 as QEMU's VMDK_ERROR. */
@@ -36,21 +35,21 @@ static int check_at(vmdk_state *s, uint64_t off, uint64_t *next)
     struct vmdk_extent *e = vmdk_find_extent(s, off);
     uint64_t sector = off / VMDK_SECTOR, host;
     if (!e) {
-        fprintf(stderr, "ERROR: could not find extent for sector %" PRIu64 "\n",
-                sector);
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR: could not find extent for sector %" PRIu64, sector);
         return -EINVAL;
     }
     if (grain_host(e, off - e->start, &host) < 0) {
-        fprintf(stderr,
-                "ERROR: could not get cluster_offset for sector %" PRIu64 "\n",
-                sector);
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR: could not get cluster_offset for sector %" PRIu64,
+                   sector);
         return -1; /* QEMU returns VMDK_ERROR itself */
     }
     if (host && host >= e->file_size) {
-        fprintf(stderr,
-                "ERROR: cluster offset for sector %" PRIu64
-                " points after EOF\n",
-                sector);
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR: cluster offset for sector %" PRIu64
+                   " points after EOF",
+                   sector);
         return -EINVAL;
     }
     *next = off + (e->flat ? e->len : e->grain);
