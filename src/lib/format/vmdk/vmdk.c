@@ -12,7 +12,6 @@
 #include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,19 +35,6 @@ enum {
 enum { MARKER_EOS = 0, MARKER_FOOTER = 3 };
 /* Descriptor text QEMU reads at most (1 MiB - 1). */
 #define DESC_READ_MAX ((1u << 20) - 1)
-
-int vmdk_error(bi_error *err, int code, const char *fmt, ...)
-{
-    char buf[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(buf, sizeof(buf), fmt, ap);
-    va_end(ap);
-    bi_error_set(err, 0, "%s", buf);
-    if (err && err->code == 0)
-        err->code = code;
-    return code;
-}
 
 static uint64_t ld_le64(const uint8_t *p)
 {
@@ -146,17 +132,17 @@ static int read_dir(struct vmdk_extent *e, uint64_t off, uint32_t count,
 {
     uint64_t bytes = (uint64_t)count * 4;
     if (off > e->file_size || bytes > e->file_size - off)
-        return vmdk_error(err, -EINVAL,
-                          "%s of extent '%s' lies beyond the end of the file",
-                          what, e->file->filename);
+        return bi_error_setc(
+            err, -EINVAL, "%s of extent '%s' lies beyond the end of the file",
+            what, e->file->filename);
     uint32_t *t = malloc(bytes ? bytes : 4);
     if (!t)
         return -ENOMEM;
     int ret = bi_co_pread(e->file, off, t, bytes);
     if (ret < 0) {
         free(t);
-        return vmdk_error(err, ret, "Could not read %s from extent '%s': %s",
-                          what, e->file->filename, strerror(-ret));
+        return bi_error_setc(err, ret, "Could not read %s from extent '%s': %s",
+                             what, e->file->filename, strerror(-ret));
     }
     for (uint32_t i = 0; i < count; i++)
         t[i] = le32toh(t[i]);
@@ -171,10 +157,10 @@ static int check_gts(struct vmdk_extent *e, bi_error *err)
     for (uint32_t i = 0; i < e->gd_entries; i++) {
         uint64_t off = (uint64_t)e->gd[i] * VMDK_SECTOR;
         if (e->gd[i] && (off > e->file_size || gt_bytes > e->file_size - off))
-            return vmdk_error(err, -EINVAL,
-                              "Grain table %" PRIu32 " of extent '%s' lies "
-                              "beyond the end of the file",
-                              i, e->file->filename);
+            return bi_error_setc(err, -EINVAL,
+                                 "Grain table %" PRIu32 " of extent '%s' lies "
+                                 "beyond the end of the file",
+                                 i, e->file->filename);
     }
     return 0;
 }
@@ -185,15 +171,15 @@ static int sparse_geometry(struct vmdk_extent *e, uint64_t capacity,
                            uint64_t grain, uint32_t gtes, bi_error *err)
 {
     if (grain > VMDK_MAX_GRAIN_SECTORS)
-        return vmdk_error(err, -EFBIG,
-                          "Invalid granularity, image may be corrupt");
+        return bi_error_setc(err, -EFBIG,
+                             "Invalid granularity, image may be corrupt");
     uint64_t span = (uint64_t)gtes * grain;
     uint64_t gd = (capacity + span - 1) / span;
     if (capacity > UINT64_MAX - span || gd > VMDK_MAX_GD_ENTRIES)
-        return vmdk_error(err, -EFBIG, "L1 size too big");
+        return bi_error_setc(err, -EFBIG, "L1 size too big");
     uint64_t before = e->start;
     if (capacity > (INT64_MAX - before) / VMDK_SECTOR)
-        return vmdk_error(err, -EFBIG, "Image size too big");
+        return bi_error_setc(err, -EFBIG, "Image size too big");
     e->len = capacity * VMDK_SECTOR;
     e->grain = grain * VMDK_SECTOR;
     e->gt_entries = gtes;
@@ -223,16 +209,16 @@ static int read_footer(struct vmdk_extent *e, uint8_t *hdr, bi_error *err)
     uint64_t size = bi_align_up(e->file_size, VMDK_SECTOR);
     uint8_t f[1536];
     if (size < sizeof(f))
-        return vmdk_error(err, -EINVAL, "Invalid footer");
+        return bi_error_setc(err, -EINVAL, "Invalid footer");
     int ret = bi_co_pread(e->file, size - sizeof(f), f, sizeof(f));
     if (ret < 0)
-        return vmdk_error(err, ret, "Failed to read footer: %s",
-                          strerror(-ret));
+        return bi_error_setc(err, ret, "Failed to read footer: %s",
+                             strerror(-ret));
     const uint8_t *fm = f, *h = f + 512, *eos = f + 1024;
     if (bi_ld_be32(h) != VMDK4_MAGIC_BE || bi_ld_le32(fm + 8) != 0 ||
         bi_ld_le32(fm + 12) != MARKER_FOOTER || ld_le64(eos) != 0 ||
         bi_ld_le32(eos + 8) != 0 || bi_ld_le32(eos + 12) != MARKER_EOS)
-        return vmdk_error(err, -EINVAL, "Invalid footer");
+        return bi_error_setc(err, -EINVAL, "Invalid footer");
     memcpy(hdr, h, H4_END);
     return 0;
 }
@@ -247,15 +233,15 @@ static int check_vmdk4(bi_node *n, const uint8_t *h, bool compressed,
 {
     uint32_t version = bi_ld_le32(h + H4_VERSION);
     if (version > 3)
-        return vmdk_error(err, -ENOTSUP, "Unsupported VMDK version %" PRIu32,
-                          version);
+        return bi_error_setc(err, -ENOTSUP, "Unsupported VMDK version %" PRIu32,
+                             version);
     if (version == 3 && !n->read_only && !compressed)
-        return vmdk_error(err, -EINVAL, "VMDK version 3 must be read only");
+        return bi_error_setc(err, -EINVAL, "VMDK version 3 must be read only");
     if (bi_ld_le32(h + H4_NUM_GTES) > 512)
-        return vmdk_error(err, -EINVAL, "L2 table size too big");
+        return bi_error_setc(err, -EINVAL, "L2 table size too big");
     if ((uint64_t)bi_ld_le32(h + H4_NUM_GTES) * ld_le64(h + H4_GRANULARITY) ==
         0)
-        return vmdk_error(err, -EINVAL, "L1 entry size is invalid");
+        return bi_error_setc(err, -EINVAL, "L1 entry size is invalid");
     return 0;
 }
 
@@ -273,10 +259,10 @@ static int vmdk4_extent(bi_node *n, struct vmdk_extent *e, const uint8_t *h,
     uint64_t grain_off = ld_le64(h + H4_GRAIN_OFFSET);
     uint64_t sectors = bi_align_up(e->file_size, VMDK_SECTOR) / VMDK_SECTOR;
     if (sectors < grain_off)
-        return vmdk_error(err, -EINVAL,
-                          "File truncated, expecting at least %" PRId64
-                          " bytes",
-                          (int64_t)(grain_off * VMDK_SECTOR));
+        return bi_error_setc(err, -EINVAL,
+                             "File truncated, expecting at least %" PRId64
+                             " bytes",
+                             (int64_t)(grain_off * VMDK_SECTOR));
     ret = sparse_geometry(e, ld_le64(h + H4_CAPACITY),
                           ld_le64(h + H4_GRANULARITY),
                           bi_ld_le32(h + H4_NUM_GTES), err);
@@ -293,10 +279,10 @@ static int vmdk4_extent(bi_node *n, struct vmdk_extent *e, const uint8_t *h,
     if (!(flags & VMDK4_FLAG_RGD))
         rgd = 0;
     if (gd > sectors || rgd > sectors)
-        return vmdk_error(err, -EINVAL,
-                          "l1 table of extent '%s' lies beyond the end of "
-                          "the file",
-                          e->file->filename);
+        return bi_error_setc(err, -EINVAL,
+                             "l1 table of extent '%s' lies beyond the end of "
+                             "the file",
+                             e->file->filename);
     return sparse_tables(n, e, gd * VMDK_SECTOR, rgd * VMDK_SECTOR, err);
 }
 
@@ -310,13 +296,13 @@ static int open_vmdk4(bi_node *n, bi_node *file, bool own,
     uint8_t h[H4_END];
     int ret = bi_co_pread(file, 0, h, sizeof(h));
     if (ret < 0)
-        return vmdk_error(err, -EINVAL,
-                          "Could not read header from file '%s': %s",
-                          file->filename, strerror(-ret));
+        return bi_error_setc(err, -EINVAL,
+                             "Could not read header from file '%s': %s",
+                             file->filename, strerror(-ret));
     uint64_t desc_off = ld_le64(h + H4_DESC_OFFSET);
     if (ld_le64(h + H4_CAPACITY) == 0 && desc_off) {
         if (depth > 0 || desc_off > file->size / VMDK_SECTOR)
-            return vmdk_error(err, -EINVAL, "invalid VMDK image descriptor");
+            return bi_error_setc(err, -EINVAL, "invalid VMDK image descriptor");
         char *desc = NULL;
         ret = read_desc(file, desc_off * VMDK_SECTOR, &desc, err);
         if (ret == 0)
@@ -346,20 +332,20 @@ static int open_vmdk3(bi_node *n, bi_node *file, bool own, bi_error *err)
     uint8_t h[44];
     int ret = bi_co_pread(file, 0, h, sizeof(h));
     if (ret < 0)
-        return vmdk_error(err, -EINVAL,
-                          "Could not read header from file "
-                          "'%s': %s",
-                          file->filename, strerror(-ret));
+        return bi_error_setc(err, -EINVAL,
+                             "Could not read header from file "
+                             "'%s': %s",
+                             file->filename, strerror(-ret));
     struct vmdk_extent *e = add_extent(s, file, own, 0);
     uint64_t grain = bi_ld_le32(h + 16);
     uint32_t gd_entries = bi_ld_le32(h + 24);
     if (grain == 0) {
-        ret = vmdk_error(err, -EINVAL, "L1 entry size is invalid");
+        ret = bi_error_setc(err, -EINVAL, "L1 entry size is invalid");
         goto fail;
     }
     ret = sparse_geometry(e, bi_ld_le32(h + 12), grain, 4096, err);
     if (ret == 0 && gd_entries > VMDK_MAX_GD_ENTRIES)
-        ret = vmdk_error(err, -EFBIG, "L1 size too big");
+        ret = bi_error_setc(err, -EFBIG, "L1 size too big");
     if (ret < 0)
         goto fail;
     e->gd_entries = gd_entries; /* QEMU takes the header's count */
@@ -381,16 +367,17 @@ static int open_sparse(bi_node *n, bi_node *file, bool own,
 {
     uint8_t m[4] = {0};
     if (file->size < 4)
-        return vmdk_error(err, -EINVAL, "File is too small, not a valid image");
+        return bi_error_setc(err, -EINVAL,
+                             "File is too small, not a valid image");
     int ret = bi_co_pread(file, 0, m, 4);
     if (ret < 0)
-        return vmdk_error(err, ret, "Could not read from file: %s",
-                          strerror(-ret));
+        return bi_error_setc(err, ret, "Could not read from file: %s",
+                             strerror(-ret));
     if (bi_ld_be32(m) == VMDK4_MAGIC_BE)
         return open_vmdk4(n, file, own, o, depth, err);
     if (bi_ld_be32(m) == VMDK3_MAGIC_BE)
         return open_vmdk3(n, file, own, err);
-    return vmdk_error(err, -EINVAL, "Image not in VMDK format");
+    return bi_error_setc(err, -EINVAL, "Image not in VMDK format");
 }
 
 /* -------------------------------------------------------- descriptor */
@@ -400,7 +387,8 @@ static int read_desc(bi_node *file, uint64_t off, char **out, bi_error *err)
 {
     uint64_t size = file->size;
     if (size < 4)
-        return vmdk_error(err, -EINVAL, "File is too small, not a valid image");
+        return bi_error_setc(err, -EINVAL,
+                             "File is too small, not a valid image");
     size = BI_MIN(size, (uint64_t)DESC_READ_MAX);
     char *buf = malloc(size + 1);
     if (!buf)
@@ -408,8 +396,8 @@ static int read_desc(bi_node *file, uint64_t off, char **out, bi_error *err)
     int ret = bi_co_pread(file, off, buf, size);
     if (ret < 0) {
         free(buf);
-        return vmdk_error(err, ret, "Could not read from file: %s",
-                          strerror(-ret));
+        return bi_error_setc(err, ret, "Could not read from file: %s",
+                             strerror(-ret));
     }
     buf[size] = 0;
     *out = buf;
@@ -476,7 +464,7 @@ static bi_node *open_extent_file(bi_node *n, const char *fname, bool flat,
         f = NULL;
     }
     if (!f) /* "Could not open '<path>': <cause>", as QEMU's */
-        vmdk_error(err, e.code ? e.code : -EIO, "%s", e.msg);
+        bi_error_setc(err, e.code ? e.code : -EIO, "%s", e.msg);
     free(dir);
     free(path);
     return f;
@@ -491,7 +479,8 @@ static int add_file_extent(bi_node *n, const char *type, int64_t sectors,
     vmdk_state *s = n->opaque;
     bool flat = !strcmp(type, "FLAT") || !strcmp(type, "VMFS");
     if (!flat && !strcmp(type, "SESPARSE"))
-        return vmdk_error(err, -ENOTSUP, "Unsupported extent type '%s'", type);
+        return bi_error_setc(err, -ENOTSUP, "Unsupported extent type '%s'",
+                             type);
     bi_node *f = open_extent_file(n, fname, flat, o, err);
     if (!f)
         return err && err->code ? err->code : -EIO;
@@ -536,8 +525,8 @@ static int invalid_line(const char *p, bi_error *err)
     const char *np = next_line(p);
     if (np > p && np[-1] == '\n')
         np--;
-    return vmdk_error(err, -EINVAL, "Invalid extent line: %.*s", (int)(np - p),
-                      p);
+    return bi_error_setc(err, -EINVAL, "Invalid extent line: %.*s",
+                         (int)(np - p), p);
 }
 
 /* Parses the extent lines as QEMU does: "RW <sectors> <type> "<file>"
@@ -584,7 +573,7 @@ static int parse_extents(bi_node *n, const char *desc,
             return ret;
         struct vmdk_extent *e = &s->ext[s->n_ext - 1];
         if (e->start + e->len > INT64_MAX - VMDK_SECTOR)
-            return vmdk_error(err, -EFBIG, "Image size too big");
+            return bi_error_setc(err, -EFBIG, "Image size too big");
     }
     return 0;
 }
@@ -601,12 +590,12 @@ static int open_desc_text(bi_node *n, char *desc, const struct bi_open_opts *o,
     vmdk_state *s = n->opaque;
     char ct[128];
     if (!desc_value(desc, "createType", ct, sizeof(ct)))
-        return vmdk_error(err, -EINVAL, "invalid VMDK image descriptor");
+        return bi_error_setc(err, -EINVAL, "invalid VMDK image descriptor");
     bool known = false;
     for (size_t i = 0; i < BI_ARRAY_SIZE(types); i++)
         known |= !strcmp(ct, types[i]);
     if (!known)
-        return vmdk_error(err, -ENOTSUP, "Unsupported image type '%s'", ct);
+        return bi_error_setc(err, -ENOTSUP, "Unsupported image type '%s'", ct);
     snprintf(s->create_type, sizeof(s->create_type), "%s", ct);
     s->desc_offset = 0;
     return parse_extents(n, desc, o, depth, err);
@@ -665,8 +654,8 @@ static int read_cids(bi_node *n, bi_error *err)
         ret = -EINVAL;
     free(d);
     if (ret < 0)
-        vmdk_error(err, ret, "Could not open '%s': %s", n->filename,
-                   strerror(-ret));
+        bi_error_setc(err, ret, "Could not open '%s': %s", n->filename,
+                      strerror(-ret));
     return ret;
 }
 
@@ -747,25 +736,9 @@ static void vmdk_free_state(bi_node *n)
     s->n_ext = 0;
 }
 
-struct open_args {
-    bi_node *n;
-    const struct bi_open_opts *o;
-    bi_error *err;
-};
-
-static int open_co(void *arg)
-{
-    struct open_args *a = arg;
-    return vmdk_do_open(a->n, a->o, a->err);
-}
-
 static int vmdk_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
 {
-    struct open_args a = {n, o, err};
-    int ret = bi_run_co(open_co, &a);
-    if (ret < 0)
-        vmdk_free_state(n);
-    return ret;
+    return bi_run_co_open(vmdk_do_open, vmdk_free_state, n, o, err);
 }
 
 static void vmdk_close(bi_node *n)

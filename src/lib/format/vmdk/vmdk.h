@@ -103,9 +103,6 @@ int vmdk_co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags);
 void vmdk_gt_cache_free(struct vmdk_extent *e);
 
 /* vmdk.c */
-/* Sets err as QEMU words it; returns code. */
-int vmdk_error(bi_error *err, int code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
 /* A random CID (QEMU's g_random_int). */
 uint32_t vmdk_random_cid(void);
 /* Writes a new random CID into the descriptor (first write after open). */

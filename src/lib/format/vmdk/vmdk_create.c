@@ -79,7 +79,7 @@ static int parse(const struct bi_create_opts *o, struct vc *c, bi_error *err)
 {
     const char *bfmt = o->backing_fmt ? o->backing_fmt : opt(o, "backing_fmt");
     if (bfmt && strcmp(bfmt, "vmdk"))
-        return vmdk_error(err, -EINVAL, "backing_file must be a vmdk image");
+        return bi_error_setc(err, -EINVAL, "backing_file must be a vmdk image");
     c->size = bi_align_up(o->size, VMDK_SECTOR);
     c->adapter = opt(o, "adapter_type") ? opt(o, "adapter_type") : "ide";
     c->backing = o->backing_file ? o->backing_file : opt(o, "backing_file");
@@ -90,17 +90,17 @@ static int parse(const struct bi_create_opts *o, struct vc *c, bi_error *err)
     const char *compat6 = opt(o, "compat6"), *zg = opt(o, "zeroed_grain");
     c->zeroed = zg && !strcmp(zg, "on");
     if (lookup(c->adapter, adapters, 4) < 0)
-        return vmdk_error(err, -EINVAL, "invalid parameter value: %s",
-                          c->adapter);
+        return bi_error_setc(err, -EINVAL, "invalid parameter value: %s",
+                             c->adapter);
     const char *sf = opt(o, "subformat");
     int sub = sf ? lookup(sf, sub_names, 5) : MONO_SPARSE;
     if (sub < 0)
-        return vmdk_error(err, -EINVAL, "invalid parameter value: %s", sf);
+        return bi_error_setc(err, -EINVAL, "invalid parameter value: %s", sf);
     c->sub = (enum sub)sub;
     if (compat6 && !strcmp(compat6, "on")) {
         if (c->hw)
-            return vmdk_error(err, -EINVAL,
-                              "compat6 cannot be enabled with hwversion set");
+            return bi_error_setc(
+                err, -EINVAL, "compat6 cannot be enabled with hwversion set");
         c->hw = "6";
     }
     if (!c->hw)
@@ -109,10 +109,11 @@ static int parse(const struct bi_create_opts *o, struct vc *c, bi_error *err)
     c->flat = c->sub == MONO_FLAT || c->sub == SPLIT_FLAT;
     c->compress = c->sub == STREAM;
     if (c->flat && c->backing)
-        return vmdk_error(err, -ENOTSUP, "Flat image can't have backing file");
+        return bi_error_setc(err, -ENOTSUP,
+                             "Flat image can't have backing file");
     if (c->flat && c->zeroed)
-        return vmdk_error(err, -ENOTSUP,
-                          "Flat image can't enable zeroed grain");
+        return bi_error_setc(err, -ENOTSUP,
+                             "Flat image can't enable zeroed grain");
     return 0;
 }
 
@@ -154,7 +155,7 @@ static int init_sparse(bi_node *f, uint64_t size, bool compress, bool zeroed,
     uint64_t gt_count = (grains + 511) / 512;
     uint64_t gd_sectors = (gt_count * 4 + 511) / 512;
     if (gt_count > VMDK_MAX_GD_ENTRIES)
-        return vmdk_error(err, -EFBIG, "L1 size too big");
+        return bi_error_setc(err, -EFBIG, "L1 size too big");
     uint64_t rgd = 21, gd = rgd + gd_sectors + 4 * gt_count;
     uint64_t grain_off = bi_align_up(gd + gd_sectors + 4 * gt_count, 128);
     uint8_t h[79] = {'K', 'D', 'M', 'V'};
@@ -182,7 +183,7 @@ static int init_sparse(bi_node *f, uint64_t size, bool compress, bool zeroed,
     if (ret == 0)
         ret = write_gd(f, gd, (uint32_t)gt_count, gd + gd_sectors, gd_sectors);
     if (ret < 0)
-        vmdk_error(err, ret, "Input/output error");
+        bi_error_setc(err, ret, "Input/output error");
     return ret;
 }
 
@@ -267,9 +268,9 @@ static int parent_cid(struct vc *c, bi_error *err)
         return err && err->code ? err->code : -EIO;
     int ret = 0;
     if (b->drv != &bi_drv_vmdk)
-        ret = vmdk_error(err, -EINVAL,
-                         "Invalid backing file format: %s. Must be vmdk",
-                         b->drv->name);
+        ret = bi_error_setc(err, -EINVAL,
+                            "Invalid backing file format: %s. Must be vmdk",
+                            b->drv->name);
     else
         c->parent_cid = ((const vmdk_state *)b->opaque)->cid;
     bi_error e;
@@ -364,8 +365,8 @@ int vmdk_create(const char *filename, const struct bi_create_opts *o,
     if (ret == 0) {
         ret = write_desc(&c, f, lines);
         if (ret < 0)
-            vmdk_error(err, ret, "Could not write description: %s",
-                       strerror(-ret));
+            bi_error_setc(err, ret, "Could not write description: %s",
+                          strerror(-ret));
     }
     free(lines);
     return close_file(f, ret);
