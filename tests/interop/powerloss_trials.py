@@ -25,6 +25,8 @@ import tempfile
 
 TIMEOUT = 60
 SIZE = "64M"
+# where the write that follows each flush goes (no workload touches it)
+MARKER = 63 * 1024 * 1024
 
 # A workload: qemu-img create options, what qemu-io writes first (not
 # through the filter), the steps run through the filter, and about how
@@ -41,29 +43,32 @@ WORKLOADS = {
         ("write", 1, 0, 256 * K), ("flush",),
         ("write", 2, 1 * M, 64 * K), ("write", 3, 2 * M + 4 * K, 12 * K),
         ("flush",), ("write", 4, 8 * M, 1 * M), ("flush",),
-        ("write", 5, 20 * M, 128 * K)], 20),
+        ("write", 5, 20 * M, 128 * K)], 24),
     "c512": ("cluster_size=512", [], [
         ("write", 1, 0, 64 * K), ("flush",), ("write", 2, 9 * M, 16 * K),
         ("flush",), ("write", 3, 17 * M, 4 * K), ("write", 4, 40 * M, 2 * K),
-        ("flush",), ("write", 5, 50 * M, 8 * K)], 36),
+        ("flush",), ("write", 5, 50 * M, 8 * K)], 42),
     "zero_discard": ("cluster_size=4096",
                      [(7, 0, 1 * M), (8, 4 * M, 1 * M)], [
         ("zero", 0, 64 * K), ("flush",), ("discard", 4 * M, 128 * K),
         ("write", 1, 2 * M, 64 * K), ("flush",), ("zero", 512 * K, 8 * K),
         ("discard", 4 * M + 512 * K, 4 * K), ("flush",),
-        ("write", 2, 6 * M, 16 * K)], 20),
+        ("write", 2, 6 * M, 16 * K)], 26),
     "compressed": ("", [], [
         ("cwrite", 1, 0, 128 * K), ("flush",), ("cwrite", 2, 1 * M, 64 * K),
         ("write", 3, 2 * M, 64 * K), ("flush",),
-        ("cwrite", 4, 4 * M, 192 * K)], 14),
+        ("cwrite", 4, 4 * M, 192 * K)], 18),
     "extl2": ("extended_l2=on", [(9, 0, 64 * K)], [
         ("write", 1, 128 * K, 4 * K), ("flush",),
         ("write", 2, 200 * K, 8 * K), ("zero", 16 * K, 4 * K), ("flush",),
-        ("write", 3, 3 * M, 40 * K)], 12),
+        ("write", 3, 3 * M, 40 * K)], 14),
     "v2": ("compat=0.10,cluster_size=4096", [(6, 0, 256 * K)], [
         ("write", 1, 1 * M, 16 * K), ("flush",), ("zero", 64 * K, 8 * K),
         ("write", 2, 2 * M, 4 * K), ("flush",),
-        ("write", 3, 5 * M, 64 * K)], 18),
+        ("write", 3, 5 * M, 64 * K)], 24),
+    "reuse": ("", [(6, 0, 8 * M)], [
+        ("discard", 0, 8 * M), ("write", 1, 16 * M, 6 * M), ("flush",),
+        ("write", 2, 24 * M, 1 * M)], 12),
     "snapshot": ("cluster_size=4096", [(3, 0, 512 * K), (4, 2 * M, 64 * K)],
                  [("tool", "snapshot", "-c", "s1")], 9),
     "resize": ("cluster_size=512", [(5, 0, 256 * K)],
@@ -71,6 +76,8 @@ WORKLOADS = {
 }
 
 
+# (reuse: a discard frees 8 MiB that the next allocation takes again,
+# qcow2's flush before the reuse included.)
 # Workloads that change refcounts and COPIED flags of many tables (a
 # snapshot): a crash between the two leaves COPIED set on clusters whose
 # refcount went up for a snapshot that never reached the snapshot table.
@@ -137,14 +144,14 @@ _DONE = {"write": re.compile(r"^wrote \d+/\d+ bytes"),
 def completed_steps(steps, stdout):
     """Which io steps blkimg-io reported done, in order: each prints one
     line ("wrote ...", "discard ...", or "<op> failed: ..."), a flush its
-    marker read's ("read 512/512 ..." when the flush worked)."""
+    marker write's ("wrote 4096/4096 ..." when the flush worked)."""
     lines = [ln for ln in stdout.splitlines()
-             if not re.match(r"^[0-9.]+ [KMGT]?i?B(ytes)?, \d+ ops;", ln)]
+             if not re.match(r"^[0-9.]+ (bytes|[KMGTPE]iB), \d+ ops;", ln)]
     done = []
     for i, step in enumerate(steps):
         line = lines[i] if i < len(lines) else ""
         if step[0] == "flush":
-            done.append(line.startswith("read 512/512 bytes"))
+            done.append(line.startswith("wrote 4096/4096 bytes"))
         else:
             done.append(bool(_DONE[step[0]].match(line)))
     return done
@@ -198,8 +205,9 @@ def run_trial(blkimg, blkimg_io, workdir, name, writes, seed):
             argv += ["-c", _io_command(step)]
             if step[0] == "flush":
                 # qemu-io's flush prints nothing, even when it fails: a
-                # read after it tells (it fails once the power is off)
-                argv += ["-c", "read 0 512"]
+                # write after it tells (a read can be served from cached
+                # metadata after the power is off; a write never is)
+                argv += ["-c", "write -P 238 %d 4096" % MARKER]
         cp = _run(argv + [target])
         done = completed_steps(steps, cp.stdout)
         crashed = not all(done) or cp.returncode != 0

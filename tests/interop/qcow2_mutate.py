@@ -48,9 +48,22 @@ KINDS = {
 SIZE = "8M"
 
 
+class _TimedOut:
+    """What _run returns for a command that ran past TIMEOUT (killed)."""
+    returncode = -9
+    stdout = ""
+
+    def __init__(self, argv):
+        self.stderr = "timed out after %d s: %s\n" % (TIMEOUT, " ".join(argv))
+
+
 def _run(argv, cwd=None):
-    return subprocess.run(argv, capture_output=True, text=True,
-                          timeout=TIMEOUT, stdin=subprocess.DEVNULL, cwd=cwd)
+    try:
+        return subprocess.run(argv, capture_output=True, text=True,
+                              timeout=TIMEOUT, stdin=subprocess.DEVNULL,
+                              cwd=cwd)
+    except subprocess.TimeoutExpired:
+        return _TimedOut(argv)
 
 
 def make_image(path, kind):
