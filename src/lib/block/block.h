@@ -75,6 +75,11 @@ struct bi_geometry {
     /* Where the VM state lives, past the guest data (qemu-io's info);
      * 0: no VM state. */
     uint64_t vm_state_offset;
+    /* Data is written compressed only, whole clusters in guest order
+     * (QEMU's needs_compressed_writes: vmdk's streamOptimized): the copy
+     * engine writes such a target as with -c, and ordinary writes go to
+     * co_pwrite_compressed. */
+    bool compressed_writes_only;
 };
 
 /* co_block_status only (never returned to callers): the data run lies on
@@ -366,6 +371,13 @@ void bi_node_geometry(bi_node *n, struct bi_geometry *g);
 /* Runs fn(arg) in a fresh coroutine and waits for it (from the main
  * context: polls the loop; from a coroutine: calls fn directly). */
 int bi_run_co(int (*fn)(void *arg), void *arg);
+/* A format driver's open body run as bi_run_co runs fn: fn(n, o, err) in
+ * a coroutine (it reads through the request path); on failure cleanup(n)
+ * (may be NULL) frees what fn left. Returns fn's result. */
+int bi_run_co_open(int (*fn)(bi_node *n, const struct bi_open_opts *o,
+                             bi_error *err),
+                   void (*cleanup)(bi_node *n), bi_node *n,
+                   const struct bi_open_opts *o, bi_error *err);
 
 /* Stats helpers used by drivers. */
 static inline void bi_stats_io(bi_node *n, uint64_t rd, uint64_t wr)

@@ -427,6 +427,31 @@ static bi_node *open_format(const char *filename, const char *format,
     return n;
 }
 
+struct co_open_args {
+    int (*fn)(bi_node *n, const struct bi_open_opts *o, bi_error *err);
+    bi_node *n;
+    const struct bi_open_opts *o;
+    bi_error *err;
+};
+
+static int co_open_entry(void *arg)
+{
+    struct co_open_args *a = arg;
+    return a->fn(a->n, a->o, a->err);
+}
+
+int bi_run_co_open(int (*fn)(bi_node *n, const struct bi_open_opts *o,
+                             bi_error *err),
+                   void (*cleanup)(bi_node *n), bi_node *n,
+                   const struct bi_open_opts *o, bi_error *err)
+{
+    struct co_open_args a = {fn, n, o, err};
+    int ret = bi_run_co(co_open_entry, &a);
+    if (ret < 0 && cleanup)
+        cleanup(n);
+    return ret;
+}
+
 bi_node *bi_open_node(const char *filename, const char *format,
                       const struct bi_open_opts *o, bi_error *err)
 {

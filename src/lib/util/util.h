@@ -130,6 +130,11 @@ void bi_format_size(uint64_t v, char *buf, size_t len);
 #include "blkimg/blkimg.h"
 void bi_message(enum bi_message_kind kind, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* Sets err, if not yet set, to the message (no strerror appended) with
+ * code, a negative errno, as its code: the one line a driver reports in
+ * QEMU's words. Returns code. */
+int bi_error_setc(bi_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* ---- -o option lists: "a=1,b=x,,y" (",," escapes a comma) ---- */
 struct bi_opt {
