@@ -302,7 +302,7 @@ def test_named_format_refused(run, blkimg, qemu_img, tmp_path, fmt):
 def test_help_lists_formats_that_open(run, blkimg):
     cp = run(blkimg, "--help")
     assert cp.stdout.splitlines()[-1] == \
-        "Supported formats: file nbd qcow2 raw"
+        "Supported formats: file http https nbd qcow2 raw"
 
 
 def test_backing_format_refused(run, blkimg, qemu_img, images, tmp_path):

@@ -227,12 +227,14 @@ static void test_registry(void)
     ok(bi_format_exists("file") < 0, "file is a protocol, not a format");
     const char *names[16];
     size_t n = bi_format_names(BI_FORMAT_OPEN, names, 16);
-    is_uint(n, 4, "four drivers open");
-    if (n == 4) {
+    is_uint(n, 6, "six drivers open");
+    if (n == 6) {
         is_str(names[0], "file", "sorted: file");
-        is_str(names[1], "nbd", "sorted: nbd");
-        is_str(names[2], "qcow2", "sorted: qcow2");
-        is_str(names[3], "raw", "sorted: raw");
+        is_str(names[1], "http", "sorted: http");
+        is_str(names[2], "https", "sorted: https");
+        is_str(names[3], "nbd", "sorted: nbd");
+        is_str(names[4], "qcow2", "sorted: qcow2");
+        is_str(names[5], "raw", "sorted: raw");
     }
     n = bi_format_names(0, names, 2);
     ok(n >= 14, "all drivers counted even past max (%zu)", n);
