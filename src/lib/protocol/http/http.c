@@ -8,7 +8,7 @@
  * asked for, or 200 only when that range is the whole file, and exactly
  * the bytes asked for). A read that fails on the way (connection refused
  * or lost, a short body, a server error) is tried again until the timeout
- * has passed since it was first sent; then it fails with EIO.
+ * has passed since it first failed; then it fails with EIO.
  */
 #include "protocol/http/http.h"
 
@@ -260,7 +260,7 @@ static bool range_try(struct http_state *s, struct range_read *r, CURL *e)
 }
 
 /* Reads [off, off+len) of the file (inside it) into iov, trying again
- * within the timeout. 0 or -EIO. */
+ * for up to the timeout after the first failure. 0 or -EIO. */
 static int range_read(struct http_state *s, uint64_t off, uint64_t len,
                       const struct iovec *iov, int iovcnt)
 {
@@ -269,7 +269,7 @@ static int range_read(struct http_state *s, uint64_t off, uint64_t len,
                            .off = off,
                            .want = len,
                            .whole = off == 0 && len == s->size};
-    int64_t deadline = now_ms() + (int64_t)s->c.timeout * 1000;
+    int64_t deadline = -1; /* set by the first failure */
     int pause = RETRY_FIRST_MS;
     CURL *e = easy_get(s);
     int ret = -EIO;
@@ -278,6 +278,9 @@ static int range_read(struct http_state *s, uint64_t off, uint64_t len,
         if (range_try(s, &r, e)) {
             ret = 0;
             break;
+        }
+        if (deadline < 0) {
+            deadline = now_ms() + (int64_t)s->c.timeout * 1000;
         }
         int64_t left = deadline - now_ms();
         if (!transient(&r) || left <= 0) {
@@ -406,7 +409,7 @@ static int http_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
     int ret;
 
     if (o->read_write) {
-        bi_error_set(err, EACCES, "curl driver does not support writes");
+        bi_error_set(err, 0, "curl driver does not support writes");
         return -EACCES;
     }
     pthread_once(&global_once, global_init);
