@@ -7,7 +7,7 @@ info, maps, converted bytes, exit codes and error wording. Also what
 qemu-img gets wrong or cannot be tried with: a server killed in the middle
 of a copy (a clear error within the timeout, no hang) and a server that
 says it takes ranges but ignores them (refused, no wrong bytes)."""
-import json
+import contextlib
 import os
 import re
 import shutil
@@ -148,6 +148,16 @@ def www(tmp_path_factory):
         f.write(os.urandom(300000))
         f.seek(3 * MiB)
         f.write(b"\x5a" * 70001)
+    # a chain: top.qcow2 names base.qcow2 relative to itself, which over
+    # http is the URL next to it
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", d /
+                    "base.qcow2", "8M"], check=True)
+    subprocess.run(["qemu-io", "-c", "write -P 0x44 0 1M", d / "base.qcow2"],
+                   check=True, capture_output=True)
+    subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b",
+                    "base.qcow2", "-F", "qcow2", d / "top.qcow2"], check=True)
+    subprocess.run(["qemu-io", "-c", "write -P 0x55 512k 1M",
+                    d / "top.qcow2"], check=True, capture_output=True)
     big = d / "big.raw"
     with open(big, "wb") as f:
         f.truncate(24 * MiB)
@@ -164,6 +174,19 @@ def server(tmp_path_factory, www):
         yield s
     finally:
         s.stop()
+
+
+@contextlib.contextmanager
+def background(*argv):
+    """A command running while the block runs, killed if still running."""
+    p = subprocess.Popen([str(a) for a in argv], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        yield p
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
 
 
 def ok(cp):
@@ -208,6 +231,18 @@ def test_info_and_map_match_qemu(run, blkimg, qemu_img, server, img, fmt):
             assert (b.returncode, b.stdout) == (0, ok(q).stdout), label
         b, q = both(run, blkimg, qemu_img, "map", "--output=json", *pre, name)
         assert (b.returncode, b.stdout) == (0, ok(q).stdout), label
+
+
+def test_backing_chain_over_http(run, blkimg, qemu_img, server, tmp_path):
+    url = server.url("top.qcow2")
+    for args in (["info", "--backing-chain", url],
+                 ["info", "--backing-chain", "--output=json", url],
+                 ["map", "--output=json", url]):
+        b, q = both(run, blkimg, qemu_img, *args)
+        assert (b.returncode, b.stdout) == (0, ok(q).stdout), args
+    ok(run(blkimg, "convert", "-O", "raw", url, tmp_path / "b"))
+    ok(run(qemu_img, "convert", "-m", "1", "-O", "raw", url, tmp_path / "q"))
+    assert (tmp_path / "b").read_bytes() == (tmp_path / "q").read_bytes()
 
 
 def test_protocol_node_itself(run, blkimg, qemu_img, server):
@@ -316,20 +351,13 @@ def test_server_killed_mid_transfer(run, blkimg, www, tmp_path):
         url = s.url("slow/big.raw")
         name = ('json:{"file.driver":"http","file.url":"%s",'
                 '"file.timeout":"1"}' % url)
-        p = subprocess.Popen([blkimg, "convert", "-O", "raw", name,
-                              str(tmp_path / "out")],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-        try:
+        with background(blkimg, "convert", "-O", "raw", name,
+                        tmp_path / "out") as p:
             time.sleep(1.0)
             s.stop()
             t = time.monotonic()
-            out, err = p.communicate(timeout=20)
+            _, err = p.communicate(timeout=20)
             took = time.monotonic() - t
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     finally:
         s.stop()
     assert p.returncode == 1, err
@@ -346,20 +374,13 @@ def test_server_restarted_mid_transfer(run, blkimg, www, tmp_path):
     s = start_server(tmp_path / "nginx", www)
     try:
         out = tmp_path / "out"
-        p = subprocess.Popen([blkimg, "convert", "-O", "raw",
-                              s.url("slow/big.raw"), str(out)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-        try:
+        with background(blkimg, "convert", "-O", "raw",
+                        s.url("slow/big.raw"), out) as p:
             time.sleep(0.7)
             s.stop()
             time.sleep(0.5)
             s = start_server(tmp_path / "nginx", www, (s.port, s.tls_port))
             _, err = p.communicate(timeout=30)
-        finally:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     finally:
         s.stop()
     assert p.returncode == 0, err
