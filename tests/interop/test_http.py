@@ -368,6 +368,30 @@ def test_server_killed_mid_transfer(run, blkimg, www, tmp_path):
     assert took < 10
 
 
+def test_server_frozen(run, blkimg, www, tmp_path):
+    """A server that stops answering (SIGSTOP) in the middle of a copy:
+    the stalled transfers time out, their retries too, and the copy ends
+    with one error line."""
+    s = start_server(tmp_path / "nginx", www)
+    try:
+        name = ('json:{"file.driver":"http","file.url":"%s",'
+                '"file.timeout":"1"}' % s.url("slow/big.raw"))
+        with background(blkimg, "convert", "-O", "raw", name,
+                        tmp_path / "out") as p:
+            time.sleep(0.5)
+            os.killpg(s.proc.pid, signal.SIGSTOP)
+            _, err = p.communicate(timeout=20)
+    finally:
+        try:
+            os.killpg(s.proc.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        s.stop()
+    assert p.returncode == 1, err
+    assert re.fullmatch(r"blkimg: error while reading at byte \d+: "
+                        r"Input/output error\n", err), err
+
+
 def test_server_restarted_mid_transfer(run, blkimg, www, tmp_path):
     """The server dies and comes back within the timeout: the reads that
     failed are tried again and the copy is whole."""

@@ -8,7 +8,7 @@
  * asked for, or 200 only when that range is the whole file, and exactly
  * the bytes asked for). A read that fails on the way (connection refused
  * or lost, a short body, a server error) is tried again until the timeout
- * has passed since it first failed; then it fails with EIO.
+ * has passed since the reads began to fail; then it fails with EIO.
  */
 #include "protocol/http/http.h"
 
@@ -19,7 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <time.h>
 
 /* Transfers in flight per node (QEMU's CURL_NUM_STATES) and the most one
  * read asks for. */
@@ -42,6 +41,10 @@ struct http_state {
     CURL *idle[MAX_XFERS]; /* configured handles kept for the next reads */
     int n_idle;
     int busy; /* transfer slots taken */
+    /* When the reads began to fail (ms, bi_http_now_ms()), 0 after a success:
+     * the reads failing after it try again until the timeout has passed since
+     * then, so a server that is gone ends them all within the timeout */
+    int64_t failing_since;
     struct http_waiter *wait_head, **wait_tail;
 };
 
@@ -223,6 +226,7 @@ static bool transient(const struct range_read *r)
     case CURLE_SEND_ERROR:
     case CURLE_GOT_NOTHING:
     case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_ABORTED_BY_CALLBACK: /* a stall (http_xfer) */
         return true;
     case CURLE_HTTP_RETURNED_ERROR:
         curl_easy_getinfo(r->x.easy, CURLINFO_RESPONSE_CODE, &code);
@@ -230,14 +234,6 @@ static bool transient(const struct range_read *r)
     default:
         return false;
     }
-}
-
-static int64_t now_ms(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* One try of r on e. True when r has all its bytes. */
@@ -248,6 +244,7 @@ static bool range_try(struct http_state *s, struct range_read *r, CURL *e)
     snprintf(range, sizeof(range), "%" PRIu64 "-%" PRIu64, r->off,
              r->off + r->want - 1);
     r->x.easy = e;
+    r->x.stall_ms = s->c.timeout * 1000;
     r->got = 0;
     r->range_ok = r->checked = r->refused = false;
     curl_easy_setopt(e, CURLOPT_RANGE, range);
@@ -260,7 +257,7 @@ static bool range_try(struct http_state *s, struct range_read *r, CURL *e)
 }
 
 /* Reads [off, off+len) of the file (inside it) into iov, trying again
- * for up to the timeout after the first failure. 0 or -EIO. */
+ * for up to the timeout after the reads began to fail. 0 or -EIO. */
 static int range_read(struct http_state *s, uint64_t off, uint64_t len,
                       const struct iovec *iov, int iovcnt)
 {
@@ -269,20 +266,21 @@ static int range_read(struct http_state *s, uint64_t off, uint64_t len,
                            .off = off,
                            .want = len,
                            .whole = off == 0 && len == s->size};
-    int64_t deadline = -1; /* set by the first failure */
     int pause = RETRY_FIRST_MS;
     CURL *e = easy_get(s);
     int ret = -EIO;
 
     while (e) {
         if (range_try(s, &r, e)) {
+            s->failing_since = 0;
             ret = 0;
             break;
         }
-        if (deadline < 0) {
-            deadline = now_ms() + (int64_t)s->c.timeout * 1000;
+        if (!s->failing_since) {
+            s->failing_since = bi_http_now_ms();
         }
-        int64_t left = deadline - now_ms();
+        int64_t left =
+            s->failing_since + (int64_t)s->c.timeout * 1000 - bi_http_now_ms();
         if (!transient(&r) || left <= 0) {
             break;
         }
@@ -352,7 +350,8 @@ static int head_co(void *opaque)
     bi_node *n = ((void **)opaque)[0];
     bi_error *err = ((void **)opaque)[1];
     struct http_state *s = n->opaque;
-    struct head_req h = {.x.easy = easy_new(s)};
+    struct head_req h = {.x.easy = easy_new(s),
+                         .x.stall_ms = s->c.timeout * 1000};
     curl_off_t len = -1;
     int ret = -EINVAL;
 

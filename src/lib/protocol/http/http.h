@@ -65,13 +65,20 @@ struct http_multi {
     struct http_sock *socks; /* live and cancelled (being reaped) */
 };
 
-/* One transfer: set up on easy, waited for by co. */
+/* One transfer: set up on easy, waited for by co. A transfer that moves
+ * no byte for stall_ms (0: no limit) is aborted (CURLE_ABORTED_BY_CALLBACK):
+ * libcurl's own low-speed check averages over seconds and notices a
+ * stopped server late. */
 struct http_xfer {
     CURL *easy;
     bi_co *co;
     bool done;
     CURLcode result;
     char errbuf[CURL_ERROR_SIZE];
+    long stall_ms;
+    /* private */
+    int64_t moved_ms; /* when the last bytes came */
+    curl_off_t moved; /* bytes then */
 };
 
 /* Creates the multi handle and its timer. 0 or -errno with err set. */
@@ -82,6 +89,8 @@ void bi_http_multi_run(struct http_multi *hm, struct http_xfer *x);
 /* Ends everything (in a coroutine or outside one): stops the watches,
  * then frees the multi handle. */
 void bi_http_multi_close(struct http_multi *hm);
+/* CLOCK_MONOTONIC in milliseconds. */
+int64_t bi_http_now_ms(void);
 /* Waits (in a coroutine) for ms milliseconds. */
 void bi_http_sleep(int ms);
 

@@ -14,11 +14,14 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <poll.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/timerfd.h>
+#include <time.h>
 #include <unistd.h>
 
 /* A socket libcurl watches. Once libcurl lets it go (CURL_POLL_REMOVE) it
@@ -234,6 +237,31 @@ int bi_http_multi_init(struct http_multi *hm, bi_error *err)
     return 0;
 }
 
+int64_t bi_http_now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* libcurl's progress callback (at least once a second while a transfer
+ * runs, the low-speed check's timer seeing to it): aborts a stall. */
+static int xfer_progress(void *p, curl_off_t dltotal, curl_off_t dlnow,
+                         curl_off_t ultotal, curl_off_t ulnow)
+{
+    struct http_xfer *x = p;
+    int64_t t = bi_http_now_ms();
+
+    (void)dltotal;
+    (void)ultotal;
+    if (dlnow + ulnow != x->moved) {
+        x->moved = dlnow + ulnow;
+        x->moved_ms = t;
+    }
+    return x->stall_ms && t - x->moved_ms >= x->stall_ms;
+}
+
 void bi_http_multi_run(struct http_multi *hm, struct http_xfer *x)
 {
     x->co = bi_co_self();
@@ -242,6 +270,11 @@ void bi_http_multi_run(struct http_multi *hm, struct http_xfer *x)
     assert(x->co);
     curl_easy_setopt(x->easy, CURLOPT_PRIVATE, (char *)x);
     curl_easy_setopt(x->easy, CURLOPT_ERRORBUFFER, x->errbuf);
+    x->moved = 0;
+    x->moved_ms = bi_http_now_ms();
+    curl_easy_setopt(x->easy, CURLOPT_XFERINFOFUNCTION, xfer_progress);
+    curl_easy_setopt(x->easy, CURLOPT_XFERINFODATA, x);
+    curl_easy_setopt(x->easy, CURLOPT_NOPROGRESS, 0L);
     if (curl_multi_add_handle(hm->m, x->easy) != CURLM_OK) {
         x->result = CURLE_FAILED_INIT;
         x->done = true;
@@ -250,6 +283,13 @@ void bi_http_multi_run(struct http_multi *hm, struct http_xfer *x)
     action(hm, CURL_SOCKET_TIMEOUT, 0); /* start it now */
     while (!x->done) {
         bi_co_yield();
+    }
+    if (x->result == CURLE_ABORTED_BY_CALLBACK) {
+        /* the stall: in libcurl's words for a timeout */
+        snprintf(x->errbuf, sizeof(x->errbuf),
+                 "Operation timed out after %ld milliseconds with %" PRId64
+                 " bytes received",
+                 (long)(bi_http_now_ms() - x->moved_ms), (int64_t)x->moved);
     }
 }
 
