@@ -330,6 +330,20 @@ def test_writes_refused(run, blkimg_io, qemu_io, server):
     assert b.returncode != 0 or "read-only" in b.stdout + b.stderr
 
 
+@pytest.mark.parametrize("engine", [[], ["-i", "threads"]])
+def test_io_reads_match_qemu(run, blkimg_io, qemu_io, server, mask_timing,
+                             engine):
+    """blkimg-io reads over http, with either engine (the sockets are
+    polled by io_uring or by the thread engine's poll(2))."""
+    cmds = ["-c", "read -P 0x5a 3M 70001", "-c", "read -v 2999k 16",
+            "-c", "aio_read -P 0 300000 1M", "-c", "aio_flush"]
+    url = server.url("odd.raw")
+    b = run(blkimg_io, "-r", *engine, "-f", "raw", *cmds, url)
+    q = run(qemu_io, "-r", *engine, "-f", "raw", *cmds, url)
+    assert (b.returncode, mask_timing(b.stdout)) == \
+        (0, mask_timing(ok(q).stdout))
+
+
 def test_ranges_ignored_refused(run, blkimg, server, tmp_path):
     """A server that says "Accept-Ranges: bytes" but answers every range
     with the whole file (200): every read is refused (qemu-img would copy
