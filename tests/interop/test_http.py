@@ -55,6 +55,7 @@ http {{
         # says it takes ranges, then sends whole files
         location /liar/ {{ alias {www}/; max_ranges 0;
                           add_header Accept-Ranges bytes; }}
+        location = /moved.qcow2 {{ return 302 /a.qcow2; }}
         # slow: a copy is still running when the server dies
         location /slow/ {{ alias {www}/; limit_rate 1m; }}
     }}
@@ -158,6 +159,7 @@ def www(tmp_path_factory):
                     "base.qcow2", "-F", "qcow2", d / "top.qcow2"], check=True)
     subprocess.run(["qemu-io", "-c", "write -P 0x55 512k 1M",
                     d / "top.qcow2"], check=True, capture_output=True)
+    (d / "empty.raw").write_bytes(b"")
     big = d / "big.raw"
     with open(big, "wb") as f:
         f.truncate(24 * MiB)
@@ -243,6 +245,16 @@ def test_backing_chain_over_http(run, blkimg, qemu_img, server, tmp_path):
     ok(run(blkimg, "convert", "-O", "raw", url, tmp_path / "b"))
     ok(run(qemu_img, "convert", "-m", "1", "-O", "raw", url, tmp_path / "q"))
     assert (tmp_path / "b").read_bytes() == (tmp_path / "q").read_bytes()
+
+
+@pytest.mark.parametrize("img", ["moved.qcow2", "empty.raw"])
+def test_redirect_and_empty_file(run, blkimg, qemu_img, server, img):
+    """A redirect is followed (the node keeps the name given); an empty
+    file is an empty raw image."""
+    for args in (["info", server.url(img)],
+                 ["map", "--output=json", server.url(img)]):
+        b, q = both(run, blkimg, qemu_img, *args)
+        assert (b.returncode, b.stdout) == (0, ok(q).stdout), args
 
 
 def test_protocol_node_itself(run, blkimg, qemu_img, server):
