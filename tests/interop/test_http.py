@@ -350,10 +350,16 @@ def test_io_reads_match_qemu(run, blkimg_io, qemu_io, server, mask_timing,
     cmds = ["-c", "read -P 0x5a 3M 70001", "-c", "read -v 2999k 16",
             "-c", "aio_read -P 0 300000 1M", "-c", "aio_flush"]
     url = server.url("odd.raw")
-    b = run(blkimg_io, "-r", *engine, "-f", "raw", *cmds, url)
-    q = run(qemu_io, "-r", *engine, "-f", "raw", *cmds, url)
-    assert (b.returncode, mask_timing(b.stdout)) == \
-        (0, mask_timing(ok(q).stdout))
+    for name in (url, 'json:{"driver":"raw","file":{"driver":"http",'
+                 '"url":"%s"}}' % url):
+        b = run(blkimg_io, "-r", *engine, "-f", "raw", *cmds, name)
+        q = run(qemu_io, "-r", *engine, "-f", "raw", *cmds, name)
+        assert (b.returncode, mask_timing(b.stdout)) == \
+            (0, mask_timing(ok(q).stdout))
+    name = 'json:{"file":{"driver":"http","url":"%s"}}' % \
+        server.url("nope.raw")
+    b, q = (run(t, "-r", "-c", "read 0 1", name) for t in (blkimg_io, qemu_io))
+    assert (b.returncode, msg(b)) == (q.returncode, msg(q))
 
 
 def test_ranges_ignored_refused(run, blkimg, server, tmp_path):
