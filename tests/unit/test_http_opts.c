@@ -46,7 +46,7 @@ static void test_defaults(void)
     is_uint(c.readahead, 256u * 1024, "readahead 256 KiB");
     is_int(c.timeout, 5, "timeout 5 s");
     ok(c.sslverify, "sslverify on");
-    ok(c.defaults, "named by its URL");
+    ok(!c.name, "named by its URL");
     bi_http_conf_free(&c);
 
     const char *more[] = {
@@ -55,7 +55,11 @@ static void test_defaults(void)
     is_str(conf("https", more, &c), "", "every plain option");
     is_uint(c.readahead, 65536, "readahead takes a size");
     is_int(c.timeout, 0, "timeout 0: none");
-    ok(!c.sslverify && !c.defaults, "sslverify off: named otherwise");
+    ok(!c.sslverify && c.name, "sslverify off: named by the options");
+    is_int(bi_value_count(c.name), 5, "the driver and the four given");
+    is_str(bi_value_get_string(bi_value_get(c.name, "sslverify")), "off",
+           "as given");
+    ok(!bi_value_get(c.name, "timeout"), "not timeout");
     is_str(c.cookie, "a=1; b=2", "cookie");
     is_str(c.username, "u", "username");
     bi_http_conf_free(&c);

@@ -432,7 +432,13 @@ static int http_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
     }
     n->size = s->size;
     free(n->filename);
-    n->filename = bi_xstrdup(s->c.url);
+    if (s->c.name) {
+        n->name_opts = s->c.name; /* the node's now */
+        s->c.name = NULL;
+        n->filename = bi_json_name(n->name_opts);
+    } else {
+        n->filename = bi_xstrdup(s->c.url);
+    }
     return 0;
 }
 

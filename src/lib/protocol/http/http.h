@@ -37,8 +37,10 @@ struct http_conf {
     uint64_t readahead;
     long timeout; /* seconds; 0: none */
     bool sslverify;
-    bool defaults; /* no option changing what is read: QEMU names the
-                      node by its URL */
+    /* Options changing what is read, given: QEMU then names the node by
+     * them (json:{"driver": ..., "url": ..., ...}); NULL when it names it
+     * by its URL. */
+    bi_value *name;
     char *cookie, *username, *proxy_username;
 };
 

@@ -168,6 +168,25 @@ static int parse_strings(const char *proto, const struct bi_optlist *l,
     return 0;
 }
 
+/* QEMU's name of a node opened with options that change what is read:
+ * the driver and those of its "strong" options that were given, as given
+ * (readahead and timeout do not count). */
+static bi_value *name_opts(const char *proto, const struct bi_optlist *l)
+{
+    static const char *const strong[] = {"url", "sslverify", "cookie",
+                                         "username", "proxy-username"};
+    bi_value *v = bi_value_object();
+
+    bi_value_set_string(v, "driver", proto);
+    for (size_t i = 0; i < BI_ARRAY_SIZE(strong); i++) {
+        const char *s = bi_optlist_get(l, strong[i]);
+        if (s) {
+            bi_value_set_string(v, strong[i], s);
+        }
+    }
+    return v;
+}
+
 int bi_http_conf_parse(const char *proto, const char *const *opts,
                        struct http_conf *c, bi_error *err)
 {
@@ -187,10 +206,10 @@ int bi_http_conf_parse(const char *proto, const char *const *opts,
     if (ret == 0) {
         ret = parse_strings(proto, &l, c, err);
     }
-    /* QEMU names the node by its URL unless an option changes what is
-     * read (readahead and timeout do not) */
-    c->defaults =
-        c->sslverify && !c->cookie && !c->username && !c->proxy_username;
+    if (ret == 0 &&
+        (!c->sslverify || c->cookie || c->username || c->proxy_username)) {
+        c->name = name_opts(proto, &l);
+    }
     bi_optlist_free(&l);
     if (ret < 0) {
         bi_http_conf_free(c);
@@ -204,5 +223,6 @@ void bi_http_conf_free(struct http_conf *c)
     free(c->cookie);
     free(c->username);
     free(c->proxy_username);
+    bi_value_free(c->name);
     memset(c, 0, sizeof(*c));
 }
