@@ -16,12 +16,28 @@
 
 const char *tool_prog = "blkimg";
 
+/* The library's messages (warnings, check findings) go to stderr as they
+ * are, as qemu-img prints its own. */
+static void print_message(void *opaque, enum bi_message_kind kind,
+                          const char *message)
+{
+    (void)opaque;
+    (void)kind;
+    fprintf(stderr, "%s\n", message);
+}
+
+void tool_install_message_handler(void)
+{
+    bi_set_message_handler(print_message, NULL);
+}
+
 void tool_init(const char *argv0)
 {
     if (argv0 && *argv0) {
         const char *p = strrchr(argv0, '/');
         tool_prog = p ? p + 1 : argv0;
     }
+    tool_install_message_handler();
 }
 
 /* stdout is not flushed first: qemu-img's messages do not either, which

@@ -20,6 +20,8 @@ extern const char *tool_prog;
 void tool_init(const char *argv0);
 
 /* "prog: message\n" on stderr (qemu's error_report). */
+/* Prints the library's messages on stderr (tool_init does it too). */
+void tool_install_message_handler(void);
 void tool_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* tool_error() plus "Try 'prog --help' for more information"; exits 1
  * (qemu-img's error_exit). */

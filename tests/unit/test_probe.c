@@ -225,17 +225,20 @@ static void test_registry(void)
     is_int(bi_format_caps("nosuch"), -ENOENT, "unknown name");
     is_int(bi_format_exists("vmdk"), 0, "vmdk exists");
     ok(bi_format_exists("file") < 0, "file is a protocol, not a format");
-    const char *names[16];
-    size_t n = bi_format_names(BI_FORMAT_OPEN, names, 16);
-    is_uint(n, 6, "six drivers open");
-    if (n == 6) {
-        is_str(names[0], "file", "sorted: file");
-        is_str(names[1], "http", "sorted: http");
-        is_str(names[2], "https", "sorted: https");
-        is_str(names[3], "nbd", "sorted: nbd");
-        is_str(names[4], "qcow2", "sorted: qcow2");
-        is_str(names[5], "raw", "sorted: raw");
+    const char *names[32];
+    size_t n = bi_format_names(BI_FORMAT_OPEN, names, 32);
+    ok(n >= 4 && n <= 32, "the drivers that open (%zu)", n);
+    bool sorted = true, file = false, nbd = false, qcow2 = false, raw = false;
+    for (size_t i = 0; i < n && i < 32; i++) {
+        if (i && strcmp(names[i - 1], names[i]) >= 0)
+            sorted = false;
+        file |= !strcmp(names[i], "file");
+        nbd |= !strcmp(names[i], "nbd");
+        qcow2 |= !strcmp(names[i], "qcow2");
+        raw |= !strcmp(names[i], "raw");
     }
+    ok(sorted, "sorted by name");
+    ok(file && nbd && qcow2 && raw, "file, nbd, qcow2 and raw among them");
     n = bi_format_names(0, names, 2);
     ok(n >= 14, "all drivers counted even past max (%zu)", n);
 }

@@ -411,15 +411,15 @@ static bi_node *open_format(const char *filename, const char *format,
     n->size = bi_align_up(n->size, SECTOR);
     default_limits(n);
     if (probed && !n->read_only && !o->quiet_probe) {
-        fprintf(stderr,
-                "WARNING: Image format was not specified for '%s' and "
-                "probing guessed raw.\n"
-                "         Automatically detecting the format is dangerous "
-                "for raw images, write operations on block 0 will be "
-                "restricted.\n"
-                "         Specify the 'raw' format explicitly to remove the "
-                "restrictions.\n",
-                filename);
+        bi_message(BI_MESSAGE_WARNING,
+                   "WARNING: Image format was not specified for '%s' and "
+                   "probing guessed raw.\n"
+                   "         Automatically detecting the format is dangerous "
+                   "for raw images, write operations on block 0 will be "
+                   "restricted.\n"
+                   "         Specify the 'raw' format explicitly to remove the "
+                   "restrictions.",
+                   filename);
     }
     if (open_backing(n, o, depth, chain, err) < 0) {
         close_graph(n);

@@ -112,27 +112,6 @@ static int vhdx_probe(const uint8_t *buf, size_t len, const char *filename)
     return starts_with(buf, len, "vhdxfile", 8) ? SCORE_SURE : 0;
 }
 
-/* ------------------------------------------------------------ vpc (VHD) */
-
-/* The footer cookie "conectix" at offset 0: dynamic and differencing
- * VHDs keep a copy of their footer there. A fixed VHD has its footer only
- * at the end of the file, and QEMU probes it as raw: so does blkimg. */
-static int vpc_probe(const uint8_t *buf, size_t len, const char *filename)
-{
-    (void)filename;
-    return starts_with(buf, len, "conectix", 8) ? SCORE_SURE : 0;
-}
-
-/* ------------------------------------------------------------------ vdi */
-
-/* The signature 0xbeda107f (little-endian) at offset 64 of the 512-byte
- * header; the text before it is free-form. */
-static int vdi_probe(const uint8_t *buf, size_t len, const char *filename)
-{
-    (void)filename;
-    return len >= 512 && bi_ld_le32(buf + 64) == 0xbeda107f ? SCORE_SURE : 0;
-}
-
 /* ----------------------------------------------------------------- luks */
 
 /* "LUKS\xba\xbe" and version 1 (big-endian 16 bits at offset 6); LUKS2
@@ -222,8 +201,6 @@ const struct bi_driver bi_drv_qcow = {.name = "qcow", .probe = qcow_probe};
 const struct bi_driver bi_drv_qed = {.name = "qed", .probe = qed_probe};
 const struct bi_driver bi_drv_vmdk = {.name = "vmdk", .probe = vmdk_probe};
 const struct bi_driver bi_drv_vhdx = {.name = "vhdx", .probe = vhdx_probe};
-const struct bi_driver bi_drv_vpc = {.name = "vpc", .probe = vpc_probe};
-const struct bi_driver bi_drv_vdi = {.name = "vdi", .probe = vdi_probe};
 const struct bi_driver bi_drv_luks = {.name = "luks", .probe = luks_probe};
 const struct bi_driver bi_drv_parallels = {.name = "parallels",
                                            .probe = parallels_probe};
