@@ -323,7 +323,7 @@ def test_help_lists_formats_that_open(run, blkimg):
     assert line.startswith("Supported formats: ")
     names = line.split()[2:]
     assert names == sorted(names)
-    assert {"file", "nbd", "qcow2", "raw"} <= set(names)
+    assert {"file", "http", "https", "nbd", "qcow2", "raw"} <= set(names)
     assert not {"qcow", "qed", "parallels", "bochs", "cloop"} & set(names)
 
 

@@ -295,6 +295,12 @@ struct bi_node {
     const struct bi_driver *drv;
     void *opaque;
     char *filename;
+    /* Protocols: the options that make QEMU name the node (and a format
+     * on it) by a json: name rather than its file name (an object with
+     * "driver", as QEMU's bdrv_refresh_filename builds it); NULL: named
+     * by filename. Owned; the format on it gets json:{"driver": FORMAT,
+     * "file": these} once its graph is open. */
+    bi_value *name_opts;
     char *backing_filename; /* as stored (formats) */
     char *backing_format;
     bi_node *file;    /* protocol child of a format node */
@@ -338,6 +344,9 @@ const struct bi_driver *bi_probe_format(const uint8_t *buf, size_t len,
 #include "format/drivers.def"
 #undef BI_DRIVER
 
+/* "json:" and v in QEMU's one-line form, members in QDict order: the
+ * name QEMU gives a node opened with options (malloc'd). */
+char *bi_json_name(const bi_value *v);
 /* Opens a protocol node on filename (used by format drivers for external
  * data files and by the generic open). */
 bi_node *bi_open_protocol(const char *filename, const struct bi_open_opts *o,

@@ -45,6 +45,7 @@ void bi_node_free(bi_node *n)
         return;
     free(n->opaque);
     free(n->filename);
+    bi_value_free(n->name_opts);
     free(n->backing_filename);
     free(n->backing_format);
     free(n);
@@ -424,6 +425,14 @@ static bi_node *open_format(const char *filename, const char *format,
         close_graph(n);
         return NULL;
     }
+    if (file->name_opts && file != n) {
+        bi_value *v = bi_value_object();
+        bi_value_set_string(v, "driver", drv->name);
+        bi_value_set(v, "file", bi_value_copy(file->name_opts));
+        free(n->filename);
+        n->filename = bi_json_name(v);
+        bi_value_free(v);
+    }
     return n;
 }
 
@@ -450,6 +459,20 @@ int bi_run_co_open(int (*fn)(bi_node *n, const struct bi_open_opts *o,
     if (ret < 0 && cleanup)
         cleanup(n);
     return ret;
+}
+
+char *bi_json_name(const bi_value *v)
+{
+    char *s = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&s, &len);
+
+    if (!f)
+        abort();
+    fputs("json:", f);
+    bi_value_print_json(f, v, BI_VALUE_QDICT_ORDER);
+    fclose(f);
+    return s;
 }
 
 bi_node *bi_open_node(const char *filename, const char *format,
