@@ -359,12 +359,6 @@ static bool has_opt(const struct bi_open_opts *o, const char *kv)
     return false;
 }
 
-struct open_args {
-    bi_node *n;
-    const struct bi_open_opts *o;
-    bi_error *err;
-};
-
 static uint64_t parse_cache_opt(const struct bi_open_opts *o, const char *key,
                                 uint64_t def)
 {
@@ -885,19 +879,9 @@ static void qcow2_free_state(bi_node *n)
     }
 }
 
-static int open_co(void *arg)
-{
-    struct open_args *a = arg;
-    return qcow2_do_open(a->n, a->o, a->err);
-}
-
 static int qcow2_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
 {
-    struct open_args a = {n, o, err};
-    int ret = bi_run_co(open_co, &a);
-    if (ret < 0)
-        qcow2_free_state(n);
-    return ret;
+    return bi_run_co_open(qcow2_do_open, qcow2_free_state, n, o, err);
 }
 
 static int close_co(void *arg)

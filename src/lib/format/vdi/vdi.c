@@ -194,15 +194,11 @@ static int read_bmap(bi_node *n, vdi_state *s, bi_error *err)
     return ret;
 }
 
-struct open_args {
-    bi_node *n;
-    bi_error *err;
-};
-
-static int open_co(void *opaque)
+/* The open body, in a coroutine: the header and the block map, each
+ * checked before use. */
+static int vdi_do_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
 {
-    struct open_args *a = opaque;
-    bi_node *n = a->n;
+    (void)o;
     vdi_state *s = n->opaque;
     bi_co_mutex_init(&s->meta_lock);
     s->raw = bi_blockalign(n->file, VDI_HEADER_SIZE);
@@ -210,18 +206,28 @@ static int open_co(void *opaque)
         return -ENOMEM;
     int ret = bi_co_pread(n->file, 0, s->raw, VDI_HEADER_SIZE);
     if (ret < 0) {
-        bi_error_set(a->err, ret, "Could not read the VDI header");
+        bi_error_set(err, ret, "Could not read the VDI header");
         return ret;
     }
-    ret = vdi_parse_header(s->raw, &s->h, a->err);
+    ret = vdi_parse_header(s->raw, &s->h, err);
     if (ret == 0)
-        ret = read_bmap(n, s, a->err);
+        ret = read_bmap(n, s, err);
     if (ret < 0)
         return ret;
     s->next_index = s->h.allocated;
     s->inconsistent = !vdi_map_consistent(s);
     n->size = vdi_guest_size(&s->h);
     return 0;
+}
+
+/* Open failures carry a message: the generic one where none was set. */
+static int vdi_do_open_named(bi_node *n, const struct bi_open_opts *o,
+                             bi_error *err)
+{
+    int ret = vdi_do_open(n, o, err);
+    if (ret < 0 && err && !err->msg[0])
+        bi_error_set(err, ret, "Could not open VDI image");
+    return ret;
 }
 
 static void vdi_close(bi_node *n)
@@ -239,15 +245,7 @@ static void vdi_close(bi_node *n)
 
 static int vdi_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
 {
-    (void)o;
-    struct open_args a = {n, err};
-    int ret = bi_run_co(open_co, &a);
-    if (ret < 0) {
-        if (err && !err->msg[0])
-            bi_error_set(err, ret, "Could not open VDI image");
-        vdi_close(n);
-    }
-    return ret;
+    return bi_run_co_open(vdi_do_open_named, vdi_close, n, o, err);
 }
 
 /* The signature 0xbeda107f (little-endian) at offset 64 of the 512-byte

@@ -245,40 +245,34 @@ static int open_dynamic(bi_node *n, uint64_t sectors, bi_error *err)
     return ret;
 }
 
-struct open_args {
-    bi_node *n;
-    const struct bi_open_opts *o;
-    bi_error *err;
-};
-
-static int open_co(void *arg)
+/* The open body, in a coroutine: footer, size rule, dynamic header and
+ * BAT, each checked before use. */
+static int vpc_do_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
 {
-    struct open_args *a = arg;
-    bi_node *n = a->n;
     vpc_state *s = n->opaque;
     bool at_end;
-    int calc = size_calc_opt(a->o, a->err);
+    int calc = size_calc_opt(o, err);
     if (calc < 0)
         return calc;
     int64_t flen = bi_getlength(n->file);
     if (flen < 0) {
-        bi_error_set(a->err, 0, "Invalid file size");
+        bi_error_set(err, 0, "Invalid file size");
         return (int)flen;
     }
     s->file_len = (uint64_t)flen;
     bi_co_mutex_init(&s->lock);
-    int ret = read_footer(n, &at_end, a->err);
+    int ret = read_footer(n, &at_end, err);
     if (ret < 0)
         return ret;
     uint64_t sectors = guest_sectors(s->footer, calc);
     if (sectors > VHD_MAX_SECTORS) {
-        bi_error_set(a->err, EFBIG, "Could not open '%s'", n->filename);
+        bi_error_set(err, EFBIG, "Could not open '%s'", n->filename);
         return -EFBIG;
     }
     s->fixed = bi_ld_be32(s->footer + VF_TYPE) == VHD_FIXED;
     s->fixed_end = at_end ? s->file_len - VHD_FOOTER_SIZE : UINT64_MAX;
     if (!at_end) {
-        ret = open_dynamic(n, sectors, a->err);
+        ret = open_dynamic(n, sectors, err);
         if (ret < 0)
             return ret;
     }
@@ -302,11 +296,7 @@ static void vpc_free_state(bi_node *n)
 
 static int vpc_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
 {
-    struct open_args a = {n, o, err};
-    int ret = bi_run_co(open_co, &a);
-    if (ret < 0)
-        vpc_free_state(n);
-    return ret;
+    return bi_run_co_open(vpc_do_open, vpc_free_state, n, o, err);
 }
 
 static void vpc_close(bi_node *n)
