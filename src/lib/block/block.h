@@ -323,6 +323,11 @@ struct bi_node {
     struct bi_limits limits;
     struct bi_stats stats;
     LIST_HEAD(, bi_tracked_req) tracked;
+    /* Write requests (writes, zero writes, discards) begun on the node,
+     * and their count at its last successful flush: equal when a flush
+     * has nothing new to make durable (QEMU's write_gen/flushed_gen; for
+     * the flush_to_disk event and blkdebug only, not to skip flushes). */
+    uint64_t write_gen, flushed_gen;
 };
 
 /* Registry (src/lib/format/probe.c) */

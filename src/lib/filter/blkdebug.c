@@ -350,6 +350,10 @@ static int bd_co_pdiscard(bi_node *n, uint64_t off, uint64_t len)
 /* The generic layer flushes the file after this. */
 static int bd_co_flush(bi_node *n)
 {
+    /* QEMU checks the rules in flush_to_disk, which it skips when
+     * nothing was written since the last flush */
+    if (n->write_gen == n->flushed_gen)
+        return 0;
     return bd_check(n, 0, 0, BD_IO_FLUSH);
 }
 
@@ -369,6 +373,7 @@ static int bd_co_truncate(bi_node *n, uint64_t size, bool exact,
                   : -ENOTSUP;
     if (ret == 0)
         n->size = n->file->size;
+    n->write_gen++;
     return ret;
 }
 

@@ -668,6 +668,7 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
         ret = -ENOMEM;
         goto out;
     }
+    bi_debug_event(n->file, BI_DBG_REFTABLE_LOAD);
     ret = bi_co_pread(n->file, s->refcount_table_offset, s->refcount_table,
                       s->refcount_table_size * 8);
     if (ret < 0) {
