@@ -24,6 +24,7 @@
  * are dropped, and longer ones are split at max-write-zero / max-discard.
  */
 #include "filter/blkdebug.h"
+#include "filter/filter.h"
 #include "util/util.h"
 
 #include <errno.h>
@@ -42,19 +43,6 @@ struct bd_state {
 
 static const char *const bd_prefixes[] = {"blkdebug", NULL};
 
-/* s with every ',' doubled, for an option list. */
-static char *bd_escape(const char *s)
-{
-    char *e = bi_xmalloc(2 * strlen(s) + 1), *q = e;
-    for (; *s; s++) {
-        *q++ = *s;
-        if (*s == ',')
-            *q++ = ',';
-    }
-    *q = 0;
-    return e;
-}
-
 /* "blkdebug:CONFIG:IMAGE" -> config=, x-image= (",," escapes a comma). */
 static int bd_parse_filename(const char *filename, struct bi_optlist *opts,
                              bi_error *err)
@@ -67,7 +55,7 @@ static int bd_parse_filename(const char *filename, struct bi_optlist *opts,
         return -EINVAL;
     }
     char *cfg = bi_xasprintf("%.*s", (int)(c - p), p);
-    char *esc_cfg = bd_escape(cfg), *esc_img = bd_escape(c + 1);
+    char *esc_cfg = bi_filter_escape(cfg), *esc_img = bi_filter_escape(c + 1);
     char *kv = *cfg ? bi_xasprintf("config=%s,x-image=%s", esc_cfg, esc_img)
                     : bi_xasprintf("x-image=%s", esc_img);
     int ret = bi_optlist_parse(opts, kv);
@@ -78,17 +66,6 @@ static int bd_parse_filename(const char *filename, struct bi_optlist *opts,
     if (ret < 0)
         bi_error_set(err, 0, "blkdebug: invalid name '%s'", filename);
     return ret;
-}
-
-/* The value of "key=value" among the open options. */
-static const char *bd_opt(const struct bi_open_opts *o, const char *key)
-{
-    size_t kl = strlen(key);
-    const char *v = NULL;
-    for (const char *const *p = o->protocol_opts; p && *p; p++)
-        if (!strncmp(*p, key, kl) && (*p)[kl] == '=')
-            v = *p + kl + 1;
-    return v;
 }
 
 /* Refuses options blkdebug does not take, in QEMU's words. */
@@ -123,7 +100,7 @@ static int bd_check_keys(const struct bi_open_opts *o, bi_error *err)
 static int bd_size(const struct bi_open_opts *o, const char *key, uint64_t mult,
                    uint64_t *out, bi_error *err)
 {
-    const char *v = bd_opt(o, key);
+    const char *v = bi_filter_opt(o, key);
     *out = 0;
     if (!v)
         return 0;
@@ -172,7 +149,7 @@ static int bd_load_rules(bi_node *n, const struct bi_open_opts *o,
 {
     struct bd_state *s = n->opaque;
     struct bd_groups g = {0};
-    const char *cfg = bd_opt(o, "config");
+    const char *cfg = bi_filter_opt(o, "config");
     int ret = cfg && *cfg ? bd_read_config(cfg, &g, err) : 0;
     if (ret == 0)
         ret = bd_groups_from_opts(o->protocol_opts, &g, err);
@@ -194,11 +171,11 @@ static int bd_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
         bd_close(n);
         return ret;
     }
-    const char *image = bd_opt(o, "image.filename");
+    const char *image = bi_filter_opt(o, "image.filename");
     if (!image)
-        image = bd_opt(o, "image");
+        image = bi_filter_opt(o, "image");
     if (!image)
-        image = bd_opt(o, "x-image");
+        image = bi_filter_opt(o, "x-image");
     if (!image || !*image) {
         bi_error_set(err, 0, "A block device must be specified for \"image\"");
         return -EINVAL;
@@ -367,27 +344,8 @@ static int bd_co_block_status(bi_node *n, uint64_t off, uint64_t len,
 static int bd_co_truncate(bi_node *n, uint64_t size, bool exact,
                           enum bi_prealloc prealloc, bi_error *err)
 {
-    const struct bi_driver *d = n->file->drv;
-    int ret = d->co_truncate
-                  ? d->co_truncate(n->file, size, exact, prealloc, err)
-                  : -ENOTSUP;
-    if (ret == 0)
-        n->size = n->file->size;
     n->write_gen++;
-    return ret;
-}
-
-static int bd_set_perm(bi_node *n, unsigned perm, unsigned shared,
-                       bi_error *err)
-{
-    return bi_node_set_perm(n->file, perm, shared, err);
-}
-
-static int64_t bd_allocated_size(bi_node *n)
-{
-    const struct bi_driver *d = n->file->drv;
-    return d->get_allocated_file_size ? d->get_allocated_file_size(n->file)
-                                      : -ENOTSUP;
+    return bi_filter_truncate(n, size, exact, prealloc, err);
 }
 
 const struct bi_driver bi_drv_blkdebug = {
@@ -406,7 +364,7 @@ const struct bi_driver bi_drv_blkdebug = {
     .co_flush = bd_co_flush,
     .co_truncate = bd_co_truncate,
     .co_block_status = bd_co_block_status,
-    .get_allocated_file_size = bd_allocated_size,
-    .set_perm = bd_set_perm,
+    .get_allocated_file_size = bi_filter_allocated_size,
+    .set_perm = bi_filter_set_perm,
     .debug_event = bd_event,
 };
