@@ -18,12 +18,13 @@ import pytest
 
 pytestmark = pytest.mark.qemu
 
-# qcow2 events on the write path (and read_aio for reads)
+# qcow2 events on the write path (read_aio for reads), and the generic
+# pwritev
 EVENTS = ["l1_update", "l2_load", "l2_update", "l2_alloc_write", "write_aio",
           "refblock_load", "refblock_update", "refblock_alloc",
           "refblock_alloc_hookup", "refblock_alloc_write", "cluster_alloc",
           "cluster_alloc_bytes", "reftable_grow", "cow_read", "cow_write",
-          "read_aio"]
+          "read_aio", "pwritev"]
 # name -> (image, command); "pre" holds 0x11 over [0, 128k), flushed
 OPS = {
     "alloc": ("empty", "write -P 0x5a 0 64k"),

@@ -145,6 +145,11 @@ int bi_debug_event_lookup(const char *name);
  * driver has debug_event gets it (QEMU's bdrv_debug_event); nothing
  * happens when none has. Cheap: drivers call it on hot paths. */
 void bi_debug_event(bi_node *n, enum bi_debug_event ev);
+/* Raises ev at n alone, if its driver has debug_event: the generic
+ * request path raises pwritev and friends on the node it serves, as
+ * QEMU's block/io.c does, so that they reach a filter only for the
+ * requests made on the filter itself. */
+void bi_debug_event_at(bi_node *n, enum bi_debug_event ev);
 
 struct bi_driver {
     const char *name;

@@ -31,3 +31,9 @@ void bi_debug_event(bi_node *n, enum bi_debug_event ev)
     if (n)
         n->drv->debug_event(n, ev);
 }
+
+void bi_debug_event_at(bi_node *n, enum bi_debug_event ev)
+{
+    if (n && n->drv->debug_event)
+        n->drv->debug_event(n, ev);
+}

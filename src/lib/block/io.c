@@ -195,16 +195,16 @@ static int proto_bounce(bi_node *n, bool write, uint64_t off, uint64_t len,
                 n->stats.rmw_ops++;
                 if (head) {
                     struct iovec h = {buf, align};
-                    bi_debug_event(n, BI_DBG_PWRITEV_RMW_HEAD);
+                    bi_debug_event_at(n, BI_DBG_PWRITEV_RMW_HEAD);
                     ret = proto_direct(n, false, pos, align, &h, 1, 0);
-                    bi_debug_event(n, BI_DBG_PWRITEV_RMW_AFTER_HEAD);
+                    bi_debug_event_at(n, BI_DBG_PWRITEV_RMW_AFTER_HEAD);
                 }
                 if (ret == 0 && tail && (!head || cl > align)) {
                     struct iovec t = {buf + cl - align, align};
-                    bi_debug_event(n, BI_DBG_PWRITEV_RMW_TAIL);
+                    bi_debug_event_at(n, BI_DBG_PWRITEV_RMW_TAIL);
                     ret = proto_direct(n, false, pos + cl - align, align, &t, 1,
                                        0);
-                    bi_debug_event(n, BI_DBG_PWRITEV_RMW_AFTER_TAIL);
+                    bi_debug_event_at(n, BI_DBG_PWRITEV_RMW_AFTER_TAIL);
                 }
                 if (ret < 0)
                     break;
@@ -413,12 +413,12 @@ int bi_co_pwritev(bi_node *n, uint64_t off, uint64_t len,
         ret = check_request(n, off, len);
     if (ret < 0)
         return ret;
-    /* QEMU's bdrv_aligned_pwritev raises these on every node */
+    /* QEMU's bdrv_aligned_pwritev raises these on the node written */
     n->write_gen++;
-    bi_debug_event(n, BI_DBG_PWRITEV);
+    bi_debug_event_at(n, BI_DBG_PWRITEV);
     ret = n->drv->is_protocol ? proto_rw(n, true, off, len, iov, iovcnt, flags)
                               : fmt_write(n, off, len, iov, iovcnt, flags);
-    bi_debug_event(n, BI_DBG_PWRITEV_DONE);
+    bi_debug_event_at(n, BI_DBG_PWRITEV_DONE);
     return ret;
 }
 
@@ -465,9 +465,9 @@ int bi_co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags)
     if (len == 0)
         return 0;
     n->write_gen++;
-    bi_debug_event(n, BI_DBG_PWRITEV_ZERO);
+    bi_debug_event_at(n, BI_DBG_PWRITEV_ZERO);
     int ret = co_pwrite_zeroes(n, off, len, flags);
-    bi_debug_event(n, BI_DBG_PWRITEV_DONE);
+    bi_debug_event_at(n, BI_DBG_PWRITEV_DONE);
     return ret;
 }
 
@@ -567,11 +567,11 @@ int bi_co_flush(bi_node *n)
         return 0;
     /* raised on the primary child, as QEMU's bdrv_co_flush does */
     uint64_t gen = n->write_gen;
-    bi_debug_event(child, BI_DBG_FLUSH_TO_OS);
+    bi_debug_event_at(child, BI_DBG_FLUSH_TO_OS);
     if (n->drv->co_flush)
         ret = n->drv->co_flush(n);
     if (gen != n->flushed_gen)
-        bi_debug_event(child, BI_DBG_FLUSH_TO_DISK);
+        bi_debug_event_at(child, BI_DBG_FLUSH_TO_DISK);
     if (ret == 0 && child)
         ret = bi_co_flush(child);
     if (ret == 0)
