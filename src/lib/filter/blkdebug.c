@@ -161,16 +161,10 @@ static int bd_load_rules(bi_node *n, const struct bi_open_opts *o,
     return ret;
 }
 
-static int bd_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
+/* The image child: image.filename=, image= or the name's x-image=. */
+static int bd_open_image(bi_node *n, const struct bi_open_opts *o,
+                         bi_error *err)
 {
-    struct bd_state *s = n->opaque;
-    int ret = bd_check_keys(o, err);
-    if (ret == 0)
-        ret = bd_load_rules(n, o, err);
-    if (ret < 0) {
-        bd_close(n);
-        return ret;
-    }
     const char *image = bi_filter_opt(o, "image.filename");
     if (!image)
         image = bi_filter_opt(o, "image");
@@ -188,15 +182,30 @@ static int bd_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
     n->file->parent = n;
     n->size = n->file->size;
     n->read_only = n->file->read_only;
-    s->state = 1;
-    ret = bd_limits_opts(n, o, err);
+    return 0;
+}
+
+static int bd_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
+{
+    struct bd_state *s = n->opaque;
+    int ret = bd_check_keys(o, err);
+    if (ret == 0)
+        ret = bd_load_rules(n, o, err);
+    if (ret == 0)
+        ret = bd_open_image(n, o, err);
+    if (ret == 0)
+        ret = bd_limits_opts(n, o, err);
     if (ret < 0) {
-        if (n->file->drv->close)
-            n->file->drv->close(n->file);
-        bi_node_free(n->file);
-        n->file = NULL;
+        if (n->file) { /* the caller frees n alone */
+            if (n->file->drv->close)
+                n->file->drv->close(n->file);
+            bi_node_free(n->file);
+            n->file = NULL;
+        }
+        bd_close(n);
         return ret;
     }
+    s->state = 1;
     bd_event(n, BI_DBG_NONE);
     return 0;
 }
@@ -261,9 +270,11 @@ static int bd_check(bi_node *n, uint64_t off, uint64_t len, enum bd_iotype t)
                    (len && r->offset >= off && r->offset - off < len);
         if (!hit || !(r->iotype_mask & (1u << t)))
             continue;
-        if (!r->error)
+        /* QEMU returns -errno as is: a negative errno succeeds there
+         * (here the request goes on); a huge one becomes EIO */
+        if (r->error <= 0)
             return 0;
-        int e = r->error;
+        int e = r->error < 4096 ? r->error : EIO;
         if (r->once) {
             r->removed = true;
             memmove(s->active + i, s->active + i + 1,
