@@ -142,8 +142,10 @@ const char *bi_debug_event_name(enum bi_debug_event ev);
 /* The event named name, or -1 (names as QEMU spells them). */
 int bi_debug_event_lookup(const char *name);
 /* Raises ev at n: the first node of n, n->file, n->file->file... whose
- * driver has debug_event gets it (QEMU's bdrv_debug_event); nothing
- * happens when none has. Cheap: drivers call it on hot paths. */
+ * driver has debug_event gets it; nothing happens when none has. Formats
+ * raise their events on their file node, as QEMU's BLKDBG_EVENT does on
+ * bs->file (the walk only matters when a node sits between the format
+ * and the filter). Cheap: drivers call it on hot paths. */
 void bi_debug_event(bi_node *n, enum bi_debug_event ev);
 /* Raises ev at n alone, if its driver has debug_event: the generic
  * request path raises pwritev and friends on the node it serves, as
