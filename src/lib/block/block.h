@@ -134,6 +134,30 @@ struct bi_bitmap_ops {
     int (*co_change)(bi_node *n, const struct bi_bitmap_req *r, bi_error *err);
 };
 
+/* Points of a driver's work that a fault-injection filter (blkdebug) can
+ * act on: QEMU 7.2's BlkdebugEvent, in its order (debug_events.def). */
+enum bi_debug_event {
+#define BI_DEBUG_EVENT(id, name) BI_DBG_##id,
+#include "block/debug_events.def"
+#undef BI_DEBUG_EVENT
+    BI_DBG__MAX
+};
+/* The event's QEMU name ("l2_update"); NULL out of range. */
+const char *bi_debug_event_name(enum bi_debug_event ev);
+/* The event named name, or -1 (names as QEMU spells them). */
+int bi_debug_event_lookup(const char *name);
+/* Raises ev at n: the first node of n, n->file, n->file->file... whose
+ * driver has debug_event gets it; nothing happens when none has. Formats
+ * raise their events on their file node, as QEMU's BLKDBG_EVENT does on
+ * bs->file (the walk only matters when a node sits between the format
+ * and the filter). Cheap: drivers call it on hot paths. */
+void bi_debug_event(bi_node *n, enum bi_debug_event ev);
+/* Raises ev at n alone, if its driver has debug_event: the generic
+ * request path raises pwritev and friends on the node it serves, as
+ * QEMU's block/io.c does, so that they reach a filter only for the
+ * requests made on the filter itself. */
+void bi_debug_event_at(bi_node *n, enum bi_debug_event ev);
+
 struct bi_driver {
     const char *name;
     bool is_protocol;
@@ -255,6 +279,9 @@ struct bi_driver {
      * itself. NULL: never. */
     int (*co_copy_range)(bi_node *n, uint64_t off, bi_node *dst,
                          uint64_t dst_off, uint64_t len);
+    /* Filters for fault injection: an event happened in a node above
+     * (bi_debug_event). Must not yield. NULL: passed further down. */
+    void (*debug_event)(bi_node *n, enum bi_debug_event ev);
 };
 
 /* Permission bits, numbered as QEMU 7.2 numbers them (its lock bytes are
@@ -314,6 +341,11 @@ struct bi_node {
     struct bi_limits limits;
     struct bi_stats stats;
     LIST_HEAD(, bi_tracked_req) tracked;
+    /* Write requests (writes, zero writes, discards) begun on the node,
+     * and their count at its last successful flush: equal when a flush
+     * has nothing new to make durable (QEMU's write_gen/flushed_gen; for
+     * the flush_to_disk event and blkdebug only, not to skip flushes). */
+    uint64_t write_gen, flushed_gen;
 };
 
 /* Registry (src/lib/format/probe.c) */

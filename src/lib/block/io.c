@@ -195,12 +195,16 @@ static int proto_bounce(bi_node *n, bool write, uint64_t off, uint64_t len,
                 n->stats.rmw_ops++;
                 if (head) {
                     struct iovec h = {buf, align};
+                    bi_debug_event_at(n, BI_DBG_PWRITEV_RMW_HEAD);
                     ret = proto_direct(n, false, pos, align, &h, 1, 0);
+                    bi_debug_event_at(n, BI_DBG_PWRITEV_RMW_AFTER_HEAD);
                 }
                 if (ret == 0 && tail && (!head || cl > align)) {
                     struct iovec t = {buf + cl - align, align};
+                    bi_debug_event_at(n, BI_DBG_PWRITEV_RMW_TAIL);
                     ret = proto_direct(n, false, pos + cl - align, align, &t, 1,
                                        0);
+                    bi_debug_event_at(n, BI_DBG_PWRITEV_RMW_AFTER_TAIL);
                 }
                 if (ret < 0)
                     break;
@@ -419,16 +423,25 @@ int bi_co_pwritev(bi_node *n, uint64_t off, uint64_t len,
         return -EPERM;
     if (len == 0)
         return 0;
-    if (n->drv->is_protocol)
-        return proto_rw(n, true, off, len, iov, iovcnt, flags);
-    int ret = check_request(n, off, len);
+    int ret = 0;
+    if (!n->drv->is_protocol)
+        ret = check_request(n, off, len);
     if (ret < 0)
         return ret;
-    struct bi_geometry g;
-    bi_node_geometry(n, &g);
-    if (g.compressed_writes_only)
-        return compressed_only_write(n, off, len, iov, iovcnt);
-    return fmt_write(n, off, len, iov, iovcnt, flags);
+    /* QEMU's bdrv_aligned_pwritev raises these on the node written */
+    n->write_gen++;
+    bi_debug_event_at(n, BI_DBG_PWRITEV);
+    if (n->drv->is_protocol) {
+        ret = proto_rw(n, true, off, len, iov, iovcnt, flags);
+    } else {
+        struct bi_geometry g;
+        bi_node_geometry(n, &g);
+        ret = g.compressed_writes_only
+                  ? compressed_only_write(n, off, len, iov, iovcnt)
+                  : fmt_write(n, off, len, iov, iovcnt, flags);
+    }
+    bi_debug_event_at(n, BI_DBG_PWRITEV_DONE);
+    return ret;
 }
 
 int bi_co_pread(bi_node *n, uint64_t off, void *buf, uint64_t len)
@@ -465,12 +478,24 @@ static int write_zero_buffers(bi_node *n, uint64_t off, uint64_t len, int flags)
     return ret;
 }
 
+static int co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags);
+
 int bi_co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags)
 {
     if (n->read_only)
         return -EPERM;
     if (len == 0)
         return 0;
+    n->write_gen++;
+    bi_debug_event_at(n, BI_DBG_PWRITEV_ZERO);
+    int ret = co_pwrite_zeroes(n, off, len, flags);
+    bi_debug_event_at(n, BI_DBG_PWRITEV_DONE);
+    return ret;
+}
+
+/* bi_co_pwrite_zeroes once the events are raised. */
+static int co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags)
+{
     if (!n->drv->is_protocol) {
         int ret = check_request(n, off, len);
         if (ret < 0)
@@ -521,6 +546,7 @@ int bi_co_pdiscard(bi_node *n, uint64_t off, uint64_t len)
         return -EPERM;
     if (len == 0 || !n->drv->co_pdiscard)
         return 0;
+    n->write_gen++;
     if (!n->drv->is_protocol) {
         int ret = check_request(n, off, len);
         if (ret < 0)
@@ -558,12 +584,20 @@ int bi_co_pdiscard(bi_node *n, uint64_t off, uint64_t len)
 int bi_co_flush(bi_node *n)
 {
     int ret = 0;
+    bi_node *child = n->file != n ? n->file : NULL;
     if (n->cache == BI_CACHE_UNSAFE)
         return 0;
+    /* raised on the primary child, as QEMU's bdrv_co_flush does */
+    uint64_t gen = n->write_gen;
+    bi_debug_event_at(child, BI_DBG_FLUSH_TO_OS);
     if (n->drv->co_flush)
         ret = n->drv->co_flush(n);
-    if (ret == 0 && n->file && n->file != n)
-        ret = bi_co_flush(n->file);
+    if (gen != n->flushed_gen)
+        bi_debug_event_at(child, BI_DBG_FLUSH_TO_DISK);
+    if (ret == 0 && child)
+        ret = bi_co_flush(child);
+    if (ret == 0)
+        n->flushed_gen = gen;
     return ret;
 }
 

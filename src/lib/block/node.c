@@ -519,7 +519,11 @@ static int close_flush(void *opaque)
     for (bi_node *c = a->n; c; c = c->backing) {
         if (c->read_only)
             continue;
+        /* QEMU flushes on close and then has the driver write its
+         * caches once more, reporting only that second failure */
         int r = bi_co_flush(c);
+        if (r < 0)
+            r = bi_co_flush(c);
         if (r < 0 && ret == 0) {
             ret = r;
             a->failed = c;

@@ -24,6 +24,7 @@
  * writes before it durable and forgotten.
  */
 #include "block/block.h"
+#include "filter/filter.h"
 #include "util/util.h"
 #include <assert.h>
 #include <errno.h>
@@ -79,16 +80,7 @@ static int pl_parse_filename(const char *filename, struct bi_optlist *opts,
                      filename);
         return -EINVAL;
     }
-    size_t flen = strlen(c2 + 1);
-    char *esc = malloc(2 * flen + 1), *q = esc;
-    if (!esc)
-        return -ENOMEM;
-    for (const char *f = c2 + 1; *f; f++) {
-        *q++ = *f;
-        if (*f == ',')
-            *q++ = ',';
-    }
-    *q = 0;
+    char *esc = bi_filter_escape(c2 + 1);
     char *kv = bi_xasprintf("seed=%.*s,writes=%.*s,image=%s", (int)(c1 - p), p,
                             (int)(c2 - c1 - 1), c1 + 1, esc);
     int ret = bi_optlist_parse(opts, kv);
@@ -99,21 +91,10 @@ static int pl_parse_filename(const char *filename, struct bi_optlist *opts,
     return ret;
 }
 
-/* The value of "key=value" among the open options (values unescaped). */
-static const char *pl_opt(const struct bi_open_opts *o, const char *key)
-{
-    size_t kl = strlen(key);
-    const char *v = NULL;
-    for (const char *const *p = o->protocol_opts; p && *p; p++)
-        if (!strncmp(*p, key, kl) && (*p)[kl] == '=')
-            v = *p + kl + 1;
-    return v;
-}
-
 static int pl_number(const struct bi_open_opts *o, const char *key,
                      uint64_t *out, bi_error *err)
 {
-    const char *v = pl_opt(o, key);
+    const char *v = bi_filter_opt(o, key);
     char *end;
     if (!v || !*v) {
         bi_error_set(err, 0, "powerloss: option '%s' is missing", key);
@@ -137,7 +118,7 @@ static int pl_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
     int ret = pl_number(o, "seed", &seed, err);
     if (ret == 0)
         ret = pl_number(o, "writes", &s->after, err);
-    const char *image = pl_opt(o, "image");
+    const char *image = bi_filter_opt(o, "image");
     if (ret == 0 && (!image || !*image)) {
         bi_error_set(err, 0, "powerloss: option 'image' is missing");
         ret = -EINVAL;
@@ -369,13 +350,7 @@ static int pl_co_truncate(bi_node *n, uint64_t size, bool exact,
         bi_error_set(err, EIO, "powerloss: the power is off");
         return -EIO;
     }
-    int ret =
-        n->file->drv->co_truncate
-            ? n->file->drv->co_truncate(n->file, size, exact, prealloc, err)
-            : -ENOTSUP;
-    if (ret == 0)
-        n->size = n->file->size;
-    return ret;
+    return bi_filter_truncate(n, size, exact, prealloc, err);
 }
 
 static int pl_co_block_status(bi_node *n, uint64_t off, uint64_t len,
@@ -385,19 +360,6 @@ static int pl_co_block_status(bi_node *n, uint64_t off, uint64_t len,
     if (s->dead)
         return -EIO;
     return bi_co_block_status(n->file, off, len, st);
-}
-
-static int pl_set_perm(bi_node *n, unsigned perm, unsigned shared,
-                       bi_error *err)
-{
-    return bi_node_set_perm(n->file, perm, shared, err);
-}
-
-static int64_t pl_allocated_size(bi_node *n)
-{
-    const struct bi_driver *d = n->file->drv;
-    return d->get_allocated_file_size ? d->get_allocated_file_size(n->file)
-                                      : -ENOTSUP;
 }
 
 const struct bi_driver bi_drv_powerloss = {
@@ -416,6 +378,6 @@ const struct bi_driver bi_drv_powerloss = {
     .co_flush = pl_co_flush,
     .co_truncate = pl_co_truncate,
     .co_block_status = pl_co_block_status,
-    .get_allocated_file_size = pl_allocated_size,
-    .set_perm = pl_set_perm,
+    .get_allocated_file_size = bi_filter_allocated_size,
+    .set_perm = bi_filter_set_perm,
 };

@@ -639,6 +639,7 @@ static int open_load_tables(bi_node *n, qcow2_state *s, bi_error *err)
     if (!s->refcount_table) {
         return -ENOMEM;
     }
+    bi_debug_event(n->file, BI_DBG_REFTABLE_LOAD);
     ret = bi_co_pread(n->file, s->refcount_table_offset, s->refcount_table,
                       s->refcount_table_size * 8);
     if (ret < 0) {

@@ -143,6 +143,8 @@ static int cache_write_entry(bi_node *n, struct qcow2_cache *c, int idx)
                            s->cluster_size);
     if (ret < 0)
         return ret;
+    bi_debug_event(n->file,
+                   is_l2 ? BI_DBG_L2_UPDATE : BI_DBG_REFBLOCK_UPDATE_PART);
     ret = bi_co_pwrite(n->file, e->offset, e->table, s->cluster_size, 0);
     if (ret < 0)
         return ret;
@@ -244,6 +246,8 @@ int qc_cache_get(bi_node *n, struct qcow2_cache *c, uint64_t offset, bool fresh,
         if (fresh) {
             memset(e->table, 0, s->cluster_size);
         } else {
+            if (c == &s->l2_cache)
+                bi_debug_event(n->file, BI_DBG_L2_LOAD);
             ret = bi_co_pread(n->file, offset, e->table, s->cluster_size);
             if (ret < 0) {
                 e->ref = 0;

@@ -64,6 +64,7 @@ int qc_write_l1_entry(bi_node *n, uint32_t idx)
     int ret = qc_check_overlap(n, QC_OL_L1, off, 8);
     if (ret < 0)
         return ret;
+    bi_debug_event(n->file, BI_DBG_L1_UPDATE);
     return bi_co_pwrite(n->file, off, &v, 8, 0);
 }
 
@@ -114,6 +115,7 @@ int qc_get_l2_table(bi_node *n, uint64_t off, bool alloc, void **table,
         /* copy-on-write of an L2 table shared with a snapshot: none of
          * its clusters may be written in place any more */
         void *ot;
+        bi_debug_event(n->file, BI_DBG_L2_ALLOC_COW_READ);
         ret = qc_cache_get(n, &s->l2_cache, old, false, &ot);
         if (ret < 0) {
             qc_cache_put(&s->l2_cache, t);
@@ -129,6 +131,7 @@ int qc_get_l2_table(bi_node *n, uint64_t off, bool alloc, void **table,
                 qc_set_l2(s, t, i, e & ~QCOW_OFLAG_COPIED, b);
         }
     }
+    bi_debug_event(n->file, BI_DBG_L2_ALLOC_WRITE);
     ret = write_l2_now(n, t, (uint64_t)nl2);
     if (ret == 0)
         ret = bi_co_flush(n->file);
@@ -307,6 +310,7 @@ static int map_read(bi_node *n, uint64_t off, uint64_t len,
     ext->len = r.len;
     switch (r.type) {
     case QC_NORMAL:
+        bi_debug_event(n->file, BI_DBG_READ_AIO);
         ext->kind = BI_EXT_DATA;
         ext->host = qc_data_node(n);
         ext->host_offset = r.host;
@@ -320,6 +324,8 @@ static int map_read(bi_node *n, uint64_t off, uint64_t len,
         ext->host_offset = r.entry; /* the L2 entry, for co_read_compressed */
         break;
     default:
+        if (n->backing)
+            bi_debug_event(n->file, BI_DBG_READ_BACKING_AIO);
         ext->kind = BI_EXT_UNALLOC;
         break;
     }
@@ -432,6 +438,7 @@ int qc_read_compressed_cluster(bi_node *n, uint64_t entry, void *buf)
     void *cbuf = bi_blockalign(n->file, csize);
     if (!cbuf)
         return -ENOMEM;
+    bi_debug_event(n->file, BI_DBG_READ_COMPRESSED);
     int ret = bi_co_pread(n->file, coff, cbuf, csize);
     if (ret == 0) {
         struct decomp_job j = {(int)s->compression_type, cbuf, csize, buf,
@@ -636,6 +643,7 @@ static int map_write_locked(bi_node *n, uint64_t off, uint64_t len,
         ext->host = qc_data_node(n);
         ext->host_offset = host0;
         ext->len = BI_MIN(pos, end) - off;
+        bi_debug_event(n->file, BI_DBG_WRITE_AIO);
         if (!s->data_file)
             return qc_check_overlap(n, 0, host0, ext->len);
         return 0;
@@ -786,6 +794,14 @@ static int map_write_locked(bi_node *n, uint64_t off, uint64_t len,
         if (ret < 0)
             goto fail;
     }
+    /* QEMU copies (and raises cow_*) only where the copied bytes are
+     * not zeroes it can write with a zero write */
+    bool cow_events =
+        (ext->cow_head_len || ext->cow_tail_len) &&
+        (n->backing || has_old_data(s, a->old_entry[0], a->old_bitmap[0]) ||
+         has_old_data(s, a->old_entry[nb - 1], a->old_bitmap[nb - 1]));
+    if (cow_events)
+        bi_debug_event(n->file, BI_DBG_COW_READ);
     if (ext->cow_head_len) {
         ext->cow_head = bi_blockalign(ext->host, ext->cow_head_len);
         if (!ext->cow_head) {
@@ -809,6 +825,11 @@ static int map_write_locked(bi_node *n, uint64_t off, uint64_t len,
             goto fail;
     }
     ext->cookie = a;
+    /* QEMU raises cow_write when it writes the data with the copied
+     * bytes, write_aio for the guest data alone; both here */
+    if (cow_events)
+        bi_debug_event(n->file, BI_DBG_COW_WRITE);
+    bi_debug_event(n->file, BI_DBG_WRITE_AIO);
     return 0;
 fail:
     bi_free_aligned(ext->cow_head);
@@ -1339,6 +1360,7 @@ static int comp_finish(bi_node *n, struct comp_piece *p)
     }
     void *table;
     uint64_t idx;
+    bi_debug_event(n->file, BI_DBG_L2_UPDATE_COMPRESSED);
     ret = qc_get_l2_table(n, p->goff, true, &table, &idx);
     if (ret == 0) {
         /* the entry held no cluster (comp_place): nothing to free */
@@ -1368,6 +1390,7 @@ static void comp_write(struct comp_piece *pc, unsigned k)
             total += pc[j].total;
             j++;
         }
+        bi_debug_event(pc[i].node, BI_DBG_WRITE_COMPRESSED);
         int ret = bi_co_pwritev(pc[i].node, pc[i].host, total, iov, cnt, 0);
         for (; i < j; i++)
             pc[i].ret = ret;
@@ -1506,6 +1529,7 @@ int qc_grow_l1(bi_node *n, uint64_t min_size)
     if (!nt)
         return -ENOMEM;
     memcpy(nt, s->l1_table, (uint64_t)s->l1_size * 8);
+    bi_debug_event(n->file, BI_DBG_L1_GROW_ALLOC_TABLE);
     int64_t off = qc_alloc_clusters(n, bytes / cs);
     if (off < 0) {
         free(nt);
@@ -1519,6 +1543,7 @@ int qc_grow_l1(bi_node *n, uint64_t min_size)
     for (uint64_t i = 0; i < bytes / 8; i++)
         be[i] = htobe64(nt[i]);
     /* refcounts of the new table first, then the table, then the header */
+    bi_debug_event(n->file, BI_DBG_L1_GROW_WRITE_TABLE);
     int ret = qc_cache_writeback(n, &s->rb_cache);
     if (ret == 0)
         ret = qc_check_overlap(n, 0, (uint64_t)off, bytes);
@@ -1539,6 +1564,7 @@ int qc_grow_l1(bi_node *n, uint64_t min_size)
     uint64_t o = htobe64((uint64_t)off);
     memcpy(h, &sz, 4);
     memcpy(h + 4, &o, 8);
+    bi_debug_event(n->file, BI_DBG_L1_GROW_ACTIVATE_TABLE);
     ret = qc_write_header_field(n, QH_L1_SIZE, h, 12);
     if (ret < 0) {
         free(nt);
@@ -1609,6 +1635,7 @@ static int shrink_l1_locked(bi_node *n, uint64_t size)
     if (keep >= s->l1_size)
         return 0;
     uint64_t len = ((uint64_t)s->l1_size - keep) * 8;
+    bi_debug_event(n->file, BI_DBG_L1_SHRINK_WRITE_TABLE);
     int ret = qc_check_overlap(n, QC_OL_L1, s->l1_table_offset + keep * 8, len);
     if (ret == 0)
         ret =
@@ -1617,6 +1644,7 @@ static int shrink_l1_locked(bi_node *n, uint64_t size)
         ret = bi_co_flush(n->file);
     if (ret < 0)
         return ret;
+    bi_debug_event(n->file, BI_DBG_L1_SHRINK_FREE_L2_CLUSTERS);
     for (uint64_t i = s->l1_size; i-- > keep;) {
         uint64_t l2 = s->l1_table[i] & L1E_OFFSET_MASK;
         s->l1_table[i] = 0;

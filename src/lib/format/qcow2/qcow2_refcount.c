@@ -169,12 +169,14 @@ static int grow_refcount_table(bi_node *n, uint64_t need_idx)
         ((start + k + t) << s->cluster_bits) > (1ULL << 56))
         return -EFBIG;
 
+    bi_debug_event(n->file, BI_DBG_REFTABLE_GROW);
     /* the file reaches the new structures before they are written */
     qc_file_ahead(n, (start + k + t) << s->cluster_bits);
     buf = bi_blockalign(n->file, cs);
     if (!buf)
         return -ENOMEM;
     /* refcount blocks describing [start, start + k + t) */
+    bi_debug_event(n->file, BI_DBG_REFBLOCK_ALLOC_WRITE_BLOCKS);
     for (uint64_t j = 0; j < k; j++) {
         memset(buf, 0, cs);
         uint64_t first = start + j * epb;
@@ -207,6 +209,7 @@ static int grow_refcount_table(bi_node *n, uint64_t need_idx)
     for (uint64_t i = 0; i < tbl_entries; i++)
         be[i] = htobe64(nt[i]);
     uint64_t tbl_off = (start + k) << s->cluster_bits;
+    bi_debug_event(n->file, BI_DBG_REFBLOCK_ALLOC_WRITE_TABLE);
     ret = qc_check_overlap(n, 0, tbl_off, t * cs);
     if (ret == 0)
         ret = bi_co_pwrite(n->file, tbl_off, be, t * cs, 0);
@@ -218,6 +221,7 @@ static int grow_refcount_table(bi_node *n, uint64_t need_idx)
         goto out;
     }
     /* switch the header over */
+    bi_debug_event(n->file, BI_DBG_REFBLOCK_ALLOC_SWITCH_TABLE);
     uint8_t h[12];
     uint64_t o64 = htobe64(tbl_off);
     uint32_t c32 = htobe32((uint32_t)t);
@@ -272,6 +276,7 @@ static int ensure_refblock(bi_node *n, uint64_t rt_idx)
     if (ret < 0)
         return ret;
     rb_set(s, block, 0, 1);
+    bi_debug_event(n->file, BI_DBG_REFBLOCK_ALLOC_WRITE);
     ret = qc_check_overlap(n, 0, off, s->cluster_size);
     if (ret == 0)
         ret = bi_co_pwrite(n->file, off, block, s->cluster_size, 0);
@@ -284,6 +289,7 @@ static int ensure_refblock(bi_node *n, uint64_t rt_idx)
     }
     qc_cache_put(&s->rb_cache, block);
     s->refcount_table[rt_idx] = off;
+    bi_debug_event(n->file, BI_DBG_REFBLOCK_ALLOC_HOOKUP);
     ret = write_reftable_entry(n, rt_idx);
     if (ret < 0) {
         s->refcount_table[rt_idx] = 0;
@@ -307,6 +313,9 @@ int qc_update_refcount(bi_node *n, uint64_t offset, uint64_t len, int64_t delta)
 
     for (uint64_t ci = first; ci <= last;) {
         uint64_t rt_idx = ci >> s->rb_bits;
+        /* QEMU raises refblock_alloc for every refblock an update looks
+         * up, present or not, then refblock_load */
+        bi_debug_event(n->file, BI_DBG_REFBLOCK_ALLOC);
         if (delta > 0) {
             ret = ensure_refblock(n, rt_idx);
             if (ret < 0)
@@ -318,6 +327,7 @@ int qc_update_refcount(bi_node *n, uint64_t offset, uint64_t len, int64_t delta)
                 ci << s->cluster_bits);
         }
         void *block;
+        bi_debug_event(n->file, BI_DBG_REFBLOCK_LOAD);
         ret = get_refblock(n, rt_idx, &block);
         if (ret < 0)
             return ret;
@@ -461,7 +471,9 @@ static int hook_up_blocks(bi_node *n, const uint64_t *made, uint64_t k)
     return ret;
 }
 
-int64_t qc_alloc_clusters(bi_node *n, uint64_t nb)
+/* qc_alloc_clusters without its debug event (qc_alloc_bytes uses it,
+ * as QEMU's allocates bytes without cluster_alloc). */
+static int64_t alloc_clusters(bi_node *n, uint64_t nb)
 {
     qcow2_state *s = n->opaque;
     int ret;
@@ -491,6 +503,7 @@ restart:
          * block it lacks at the next free cluster); they describe each
          * other and the run */
         uint64_t j = 0;
+        bi_debug_event(n->file, BI_DBG_REFBLOCK_ALLOC);
         /* the file reaches the new blocks before they are written */
         qc_file_ahead(n, (i + nb + mm) << s->cluster_bits);
         uint64_t *made = calloc(mm, sizeof(uint64_t));
@@ -519,10 +532,12 @@ restart:
         ret = qc_update_refcount(n, i << s->cluster_bits,
                                  (mm + nb) << s->cluster_bits, 1);
         /* blocks on disk before the table points to them */
+        bi_debug_event(n->file, BI_DBG_REFBLOCK_ALLOC_WRITE);
         if (ret == 0)
             ret = qc_cache_writeback(n, &s->rb_cache);
         if (ret == 0)
             ret = bi_co_flush(n->file);
+        bi_debug_event(n->file, BI_DBG_REFBLOCK_ALLOC_HOOKUP);
         if (ret == 0)
             ret = hook_up_blocks(n, made, j);
         free(made);
@@ -542,6 +557,12 @@ restart:
     s->free_cluster_index = i + nb;
     qc_file_ahead(n, (i + nb) << s->cluster_bits);
     return (int64_t)(i << s->cluster_bits);
+}
+
+int64_t qc_alloc_clusters(bi_node *n, uint64_t nb)
+{
+    bi_debug_event(n->file, BI_DBG_CLUSTER_ALLOC);
+    return alloc_clusters(n, nb);
 }
 
 /*
@@ -607,6 +628,7 @@ int64_t qc_alloc_bytes(bi_node *n, uint64_t size)
     qcow2_state *s = n->opaque;
     uint64_t cs = s->cluster_size;
     int ret;
+    bi_debug_event(n->file, BI_DBG_CLUSTER_ALLOC_BYTES);
     if (s->free_byte_offset) {
         uint64_t in = qc_offset_into_cluster(s, s->free_byte_offset);
         if (in && size <= cs - in) {
@@ -647,7 +669,7 @@ int64_t qc_alloc_bytes(bi_node *n, uint64_t size)
             }
         }
     }
-    int64_t off = qc_alloc_clusters(n, (size + cs - 1) / cs);
+    int64_t off = alloc_clusters(n, (size + cs - 1) / cs);
     if (off < 0)
         return off;
     uint64_t end = (uint64_t)off + size;
@@ -658,6 +680,7 @@ int64_t qc_alloc_bytes(bi_node *n, uint64_t size)
 void qc_defer_free(bi_node *n, uint64_t offset, uint64_t len)
 {
     qcow2_state *s = n->opaque;
+    bi_debug_event(n->file, BI_DBG_CLUSTER_FREE);
     if (s->n_pending_free == s->pending_free_alloc) {
         int na = s->pending_free_alloc ? s->pending_free_alloc * 2 : 64;
         struct qcow2_free_range *p =
