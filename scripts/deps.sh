@@ -13,10 +13,13 @@ PACKAGES=(
     # build
     meson ninja-build pkg-config gcc libc6-dev
     liburing-dev zlib1g-dev libzstd-dev libcmocka-dev libnbd-dev
+    librbd-dev librados-dev
     # tests
     python3 python3-pytest python3-pytest-timeout python3-pytest-xdist
     qemu-utils fio xfsprogs e2fsprogs util-linux mount
     nbdkit libnbd-bin gnutls-bin
+    # a single-node Ceph cluster for the rbd tests; qemu-img's rbd: driver
+    ceph-mon ceph-osd ceph-common qemu-block-extra
     # format check
     clang-format
     # man pages (scdoc; groff renders them in the tests), bash completion
