@@ -362,6 +362,10 @@ int bi_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
 
 /* The node's geometry (all zero for drivers without one). */
 void bi_node_geometry(bi_node *n, struct bi_geometry *g);
+/* The node whose internal snapshots n has: n when its driver has
+ * snapshot ops, else the file of an identity-map format (QEMU's fallback
+ * to the primary child: raw on RBD lists the RBD image's), else n. */
+bi_node *bi_snapshot_node(bi_node *n);
 
 /* Runs fn(arg) in a fresh coroutine and waits for it (from the main
  * context: polls the loop; from a coroutine: calls fn directly). */

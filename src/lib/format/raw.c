@@ -146,6 +146,16 @@ static const struct bi_opt_desc raw_runtime_opts[] = {
     {NULL, 0, NULL, NULL, 0},
 };
 
+/* QEMU's raw answers bdrv_get_info with its file's: the cluster size of a
+ * protocol that has one (an RBD object). */
+static void raw_get_geometry(bi_node *n, struct bi_geometry *g)
+{
+    struct bi_geometry fg;
+
+    bi_node_geometry(n->file, &fg);
+    g->cluster_size = fg.cluster_size;
+}
+
 const struct bi_driver bi_drv_raw = {
     .name = "raw",
     .identity_map = true,
@@ -162,4 +172,5 @@ const struct bi_driver bi_drv_raw = {
     .co_truncate = raw_co_truncate,
     .co_block_status = raw_co_block_status,
     .get_allocated_file_size = raw_allocated_size,
+    .get_geometry = raw_get_geometry,
 };
