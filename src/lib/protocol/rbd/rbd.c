@@ -636,13 +636,15 @@ static void rbd_drv_geometry(bi_node *n, struct bi_geometry *g)
     g->cluster_size = ((struct rbd_state *)n->opaque)->obj_size;
 }
 
-/* QEMU answers bdrv_get_info for RBD (info shows the dirty flag). */
+/* QEMU answers bdrv_get_info for RBD (info shows the dirty flag), and its
+ * format-specific information (shown when rbd is the image's driver) is
+ * empty for an image without encryption. */
 static int rbd_drv_get_info(bi_node *n, struct bi_image_info *info,
                             bi_error *err)
 {
     (void)n;
-    (void)info;
     (void)err;
+    info->specific = bi_value_object();
     return 0;
 }
 
