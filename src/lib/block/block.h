@@ -356,6 +356,12 @@ int bi_co_pdiscard(bi_node *n, uint64_t off, uint64_t len);
 int bi_co_flush(bi_node *n);
 int bi_co_block_status(bi_node *n, uint64_t off, uint64_t len,
                        struct bi_status *st);
+/* For a protocol's co_block_status on storage of size bytes: st says
+ * "offset off of n" (no flags yet). At or past size it answers zeroes to
+ * the end and returns true (done); otherwise *len is cut at size and it
+ * returns false. */
+bool bi_status_protocol_start(bi_node *n, uint64_t size, uint64_t off,
+                              uint64_t *len, struct bi_status *st);
 /* Writes clusters compressed through the format driver. */
 int bi_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
                             uint64_t len);

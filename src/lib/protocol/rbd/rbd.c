@@ -368,13 +368,7 @@ static int diff_cb(uint64_t off, size_t len, int exists, void *arg)
         r->v[r->n - 1].len += len;
         return 0;
     }
-    if (r->n == r->cap) {
-        r->cap = r->cap ? 2 * r->cap : 64;
-        r->v = realloc(r->v, r->cap * sizeof(*r->v));
-        if (!r->v) {
-            abort();
-        }
-    }
+    r->v = bi_xgrow(r->v, &r->cap, r->n, sizeof(*r->v));
     r->v[r->n].off = off;
     r->v[r->n].len = len;
     r->n++;
@@ -440,15 +434,9 @@ static int rbd_co_block_status(bi_node *n, uint64_t off, uint64_t len,
     struct rbd_state *s = n->opaque;
     uint64_t gen = s->cache_gen;
 
-    memset(st, 0, sizeof(*st));
-    st->offset = off;
-    st->file = n;
-    if (off >= s->size) {
-        st->len = len;
-        st->flags = BI_BS_ZERO | BI_BS_OFFSET_VALID | BI_BS_EOF;
+    if (bi_status_protocol_start(n, s->size, off, &len, st)) {
         return 0;
     }
-    len = BI_MIN(len, s->size - off);
     st->len = len;
     st->flags = BI_BS_DATA | BI_BS_OFFSET_VALID;
     if (s->fast_diff) {
