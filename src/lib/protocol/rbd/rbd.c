@@ -669,9 +669,9 @@ static int rbd_drv_create(const char *filename, const struct bi_create_opts *o,
         ret = -EINVAL;
     }
     if (ret == 0 && o->prealloc != BI_PREALLOC_OFF) {
-        bi_error_set(err, 0, "Unsupported preallocation mode '%s'",
-                     bi_prealloc_name(o->prealloc));
-        ret = -ENOTSUP;
+        /* QEMU's rbd takes no preallocation option at all */
+        bi_error_set(err, 0, "Invalid parameter 'preallocation'");
+        ret = -EINVAL;
     }
     if (ret == 0 &&
         (ret = bi_rbd_connect(&t, false, &cluster, &io, err)) == 0) {
