@@ -228,3 +228,21 @@ def test_cluster_down(run, blkimg, qemu_img, ceph):
                         "Connection timed out\n" % spec)
     q = run(qemu_img, "info", "-f", "raw", spec, timeout=30)
     assert q.stderr == r.stderr.replace("blkimg:", "qemu-img:")
+
+
+def test_zeroes_discard_flush(run, blkimg, blkimg_io, qemu_img, ceph):
+    img = "rbd:rbd/" + name("io")
+    run(qemu_img, "create", "-f", "raw", img, "16M", check=True)
+    run(blkimg_io, "-f", "raw", "-c", "write -P 0x61 0 12M",
+        "-c", "write -z 1M 1M", "-c", "discard 4M 4M",
+        "-c", "write -z -u 8M 4M", "-c", "flush", img, check=True)
+    for cmd in ("read -P 0x61 0 1M", "read -P 0 1M 1M",
+                "read -P 0x61 2M 2M", "read -P 0 4M 8M",
+                "read -P 0 12M 4M"):
+        r = run("qemu-io", "-f", "raw", "-c", cmd, img, check=True)
+        assert "Pattern verification failed" not in r.stdout, cmd
+    m = json.loads(same(run, blkimg, qemu_img, "map", "-f", "raw",
+                        "--output=json", img))
+    # the discarded and unmapped objects are holes again
+    assert [(e["start"], e["data"]) for e in m] == [(0, True), (4 * MiB,
+                                                                False)]
