@@ -207,7 +207,9 @@ def test_snapshot_source(run, blkimg, qemu_img, src_raw, shared_img,
 
 def test_errors(run, blkimg, qemu_img, ceph):
     for spec in ("rbd:rbd/no-such-image", "rbd:no-such-pool/x", "rbd:rbd",
-                 "rbd:rbd/x:novalue"):
+                 "rbd:rbd/x:novalue", "rbd:rbd/x:bogus_opt=1",
+                 "rbd:rbd/x:conf=/nonexistent", "rbd:rbd/a\\@b:id=x",
+                 "rbd:rbd/a\\/b@c\\@d:id=x"):
         same(run, blkimg, qemu_img, "info", "-f", "raw", spec, rc=1)
     for opts in ("driver=rbd,pool=rbd", "driver=rbd,pool=rbd,image=x,"
                  "key-secret=sec0"):

@@ -54,6 +54,7 @@ struct rbd_state {
     bool fast_diff; /* block status from diff-iterate */
     /* completions: pushed by librbd's threads, taken by the loop */
     int efd;
+    bool opened; /* efd, lock and watch are set up */
     struct bi_fd_watch watch;
     pthread_mutex_t lock;
     struct rbd_req *done_list;
@@ -527,9 +528,10 @@ static void rbd_drv_close(bi_node *n)
 {
     struct rbd_state *s = n->opaque;
 
-    if (!s || s->efd <= 0) {
+    if (!s || !s->opened) {
         return;
     }
+    s->opened = false;
     in_thread(close_fn, s);
     bi_fd_watch_stop(&s->watch);
     close(s->efd);
@@ -549,7 +551,7 @@ static int rbd_parse_filename(const char *filename, struct bi_optlist *l,
 static int rbd_drv_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
 {
     struct rbd_state *s = n->opaque;
-    struct open_args a = {s, o->read_write, o->cache == BI_CACHE_NONE, err};
+    struct open_args a = {s, o->read_write, bi_cache_is_direct(o->cache), err};
     int ret = bi_rbd_target_parse(o->protocol_opts, &s->t, err);
 
     if (ret < 0) {
@@ -568,6 +570,7 @@ static int rbd_drv_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
         bi_rbd_target_free(&s->t);
         return ret;
     }
+    s->opened = true;
     pthread_mutex_init(&s->lock, NULL);
     bi_fd_watch_init(&s->watch, efd_event);
     bi_co_mutex_init(&s->resize_lock);

@@ -44,6 +44,20 @@ static char *next_tok(char *s, char delim, char **rest)
     return s;
 }
 
+/* The first c of s not escaped by "\", or NULL. */
+static char *find_unescaped(char *s, char c)
+{
+    for (char *p = s; *p; p++) {
+        if (*p == c) {
+            return p;
+        }
+        if (*p == '\\' && p[1]) {
+            p++;
+        }
+    }
+    return NULL;
+}
+
 /* Removes the escaping "\" of s, in place. Returns s. */
 static char *unescape(char *s)
 {
@@ -114,13 +128,13 @@ int bi_rbd_parse_filename(const char *filename, struct bi_optlist *l,
         return -EINVAL;
     }
     put(l, "pool", unescape(pool));
-    bool has_snap = strchr(p, '@') != NULL;
+    bool has_snap = find_unescaped(p, '@') != NULL;
     image = next_tok(p, has_snap ? '@' : ':', &p);
     if (has_snap) {
         char *snap = next_tok(p, ':', &p);
         put(l, "snapshot", unescape(snap));
     }
-    if (strchr(image, '/')) {
+    if (find_unescaped(image, '/')) {
         ns = next_tok(image, '/', &image);
     }
     put(l, "namespace", ns ? unescape(ns) : "");
