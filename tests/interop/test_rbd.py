@@ -186,6 +186,22 @@ def test_create_and_resize(run, blkimg, qemu_img, ceph):
     same(run, blkimg, qemu_img, "resize", "-f", "raw", spec, "2M", rc=1)
 
 
+def test_create_object_size(run, blkimg, qemu_img, ceph):
+    img = name("cs")
+    b = run(blkimg, "create", "-f", "raw", "-o", "cluster_size=8M",
+            "rbd:rbd/" + img, "16M", check=True)
+    assert b.stdout == ("Formatting 'rbd:rbd/%s', fmt=raw size=16777216 "
+                        "cluster_size=8388608\n" % img)
+    info = json.loads(rbd_cli("info", "--format", "json", "rbd/" + img))
+    assert info["order"] == 23
+    # refused alike: not a power of 2, too small, too big (librbd)
+    for cs in ("1000", "2048", "64M"):
+        same(run, blkimg, qemu_img, "create", "-f", "raw", "-o",
+             "cluster_size=" + cs, "rbd:rbd/" + name("cs-bad"), "16M", rc=1)
+    same(run, blkimg, qemu_img, "create", "-f", "raw", "-o",
+         "preallocation=full", "rbd:rbd/" + name("cs-bad"), "16M", rc=1)
+
+
 def test_compare(run, blkimg, qemu_img, src_raw, shared_img):
     # the head differs from src in its first MiB, the snapshot does not
     same(run, blkimg, qemu_img, "compare", "-f", "raw", "-F", "raw",

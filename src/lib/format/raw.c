@@ -86,11 +86,17 @@ static int64_t raw_allocated_size(bi_node *n)
 static int raw_create(const char *filename, const struct bi_create_opts *o,
                       bi_error *err)
 {
+    const struct bi_driver *proto = bi_protocol_for(filename);
+
     for (const char *const *p = o->options; p && *p; p++) {
-        if (strncmp(*p, "size=", 5) && strncmp(*p, "preallocation=", 14)) {
-            const char *eq = strchr(*p, '=');
-            int klen = eq ? (int)(eq - *p) : (int)strlen(*p);
-            bi_error_set(err, 0, "Invalid parameter '%.*s'", klen, *p);
+        const char *eq = strchr(*p, '=');
+        int klen = eq ? (int)(eq - *p) : (int)strlen(*p);
+        char key[64];
+        snprintf(key, sizeof(key), "%.*s", klen, *p);
+        /* the protocol's own (rbd's cluster_size) go through to it */
+        if (strcmp(key, "size") && strcmp(key, "preallocation") &&
+            !bi_opt_lookup(proto->create_opts, key)) {
+            bi_error_set(err, 0, "Invalid parameter '%s'", key);
             return -EINVAL;
         }
     }

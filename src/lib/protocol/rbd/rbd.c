@@ -648,8 +648,38 @@ static int rbd_storage_info(bi_node *n, struct bi_storage_info *out)
 
 /* ----------------------------------------------------------------- create */
 
-/* Creates the image a name says, with the size and the default features
- * and object size of the cluster's configuration. */
+/* The object order -o cluster_size asks for (0: the cluster's default),
+ * checked as QEMU checks it. 0 or -EINVAL with err set. */
+static int create_order(const struct bi_create_opts *o, int *order,
+                        bi_error *err)
+{
+    uint64_t v = 0;
+
+    *order = 0;
+    for (const char *const *p = o->options; p && *p; p++) {
+        if (!strncmp(*p, "cluster_size=", 13) &&
+            bi_parse_size(*p + 13, &v) < 0) {
+            bi_error_set(err, 0, "Parameter 'cluster_size' expects a size");
+            return -EINVAL;
+        }
+    }
+    if (!v) {
+        return 0;
+    }
+    if (v & (v - 1)) {
+        bi_error_set(err, 0, "obj size needs to be power of 2");
+        return -EINVAL;
+    }
+    if (v < 4096) {
+        bi_error_set(err, 0, "obj size too small");
+        return -EINVAL;
+    }
+    *order = __builtin_ctzll(v); /* librbd refuses orders above 25 */
+    return 0;
+}
+
+/* Creates the image a name says, with the size, the object size asked
+ * for (else the cluster's) and the cluster's default features. */
 static int rbd_drv_create(const char *filename, const struct bi_create_opts *o,
                           bi_error *err)
 {
@@ -676,9 +706,12 @@ static int rbd_drv_create(const char *filename, const struct bi_create_opts *o,
         bi_error_set(err, 0, "Invalid parameter 'preallocation'");
         ret = -EINVAL;
     }
+    int order = 0;
+    if (ret == 0) {
+        ret = create_order(o, &order, err);
+    }
     if (ret == 0 &&
         (ret = bi_rbd_connect(&t, false, &cluster, &io, err)) == 0) {
-        int order = 0;
         ret = rbd_create(io, t.image, o->size, &order);
         if (ret < 0) {
             bi_error_set(err, -ret, "error rbd create");
@@ -733,6 +766,13 @@ static const struct bi_snapshot_ops rbd_snapshot_ops = {
     .list = rbd_snap_list_all,
 };
 
+/* QEMU's creation options of rbd, in its order (encryption aside). */
+static const struct bi_opt_desc rbd_create_opts[] = {
+    {"size", BI_OPT_SIZE, "Virtual disk size", NULL, 0},
+    {"cluster_size", BI_OPT_SIZE, "RBD object size", NULL, 0},
+    {NULL, 0, NULL, NULL, 0},
+};
+
 static const char *const rbd_prefixes[] = {"rbd", NULL};
 
 const struct bi_driver bi_drv_rbd = {
@@ -745,6 +785,7 @@ const struct bi_driver bi_drv_rbd = {
     .open = rbd_drv_open,
     .close = rbd_drv_close,
     .create = rbd_drv_create,
+    .create_opts = rbd_create_opts,
     .refresh_limits = rbd_refresh_limits,
     .co_preadv = rbd_co_preadv,
     .co_pwritev = rbd_co_pwritev,
