@@ -2,31 +2,16 @@
 /* RBD file names and options: the forms QEMU 7.2 reads (checked with
  * qemu-img info on each against a real cluster: what it opens, the json:
  * name it shows, the error lines of the names it refuses). */
+#include "name_parse.h"
 #include "protocol/rbd/rbd.h"
 #include "tap.h"
 
 #include <errno.h>
 
-/* The options of name as "k=v;k=v" (static buffer), or the error. */
+/* The options name makes as "k=v;k=v", or the error. */
 static const char *parse(const char *name)
 {
-    static char out[2048];
-    struct bi_optlist l = {0};
-    bi_error err;
-
-    bi_error_init(&err);
-    out[0] = 0;
-    if (bi_rbd_parse_filename(name, &l, &err) < 0) {
-        snprintf(out, sizeof(out), "error: %s", err.msg);
-    } else {
-        for (int i = 0; i < l.n; i++) {
-            size_t n = strlen(out);
-            snprintf(out + n, sizeof(out) - n, "%s%s=%s", i ? ";" : "",
-                     l.v[i].key, l.v[i].value);
-        }
-    }
-    bi_optlist_free(&l);
-    return out;
+    return parse_with(bi_rbd_parse_filename, name);
 }
 
 /* The json: name of what the options opts open, or the error. */
