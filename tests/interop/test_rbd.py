@@ -202,6 +202,16 @@ def test_create_object_size(run, blkimg, qemu_img, ceph):
          "preallocation=full", "rbd:rbd/" + name("cs-bad"), "16M", rc=1)
 
 
+def test_convert_object_size(run, blkimg, qemu_img, src_raw, ceph):
+    img = name("cv-cs")
+    run(blkimg, "convert", "-f", "raw", "-O", "raw", "-o", "cluster_size=1M",
+        src_raw, "rbd:rbd/" + img, check=True)
+    info = json.loads(rbd_cli("info", "--format", "json", "rbd/" + img))
+    assert info["order"] == 20
+    same(run, blkimg, qemu_img, "convert", "-f", "raw", "-O", "raw", "-o",
+         "cluster_size=1000", src_raw, "rbd:rbd/" + name("cv-bad"), rc=1)
+
+
 def test_compare(run, blkimg, qemu_img, src_raw, shared_img):
     # the head differs from src in its first MiB, the snapshot does not
     same(run, blkimg, qemu_img, "compare", "-f", "raw", "-F", "raw",
