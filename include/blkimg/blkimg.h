@@ -348,6 +348,14 @@ BI_EXPORT int bi_create_opt_list(const char *format, bool with_protocol,
  * created on), or NULL. */
 BI_EXPORT const struct bi_opt_desc *bi_create_opt_find(const char *format,
                                                        const char *key);
+/* The same for a new image named filename: with the options of the
+ * protocol that name's prefix selects (rbd's for "rbd:..."; filename
+ * NULL: the format's alone). */
+BI_EXPORT int bi_create_opt_list_at(const char *format, const char *filename,
+                                    const struct bi_opt_desc ***out, int *n);
+BI_EXPORT const struct bi_opt_desc *bi_create_opt_find_at(const char *format,
+                                                          const char *filename,
+                                                          const char *key);
 /* The options amend takes for format, as its -o help lists them; NULL if
  * the format cannot amend (or is unknown). */
 BI_EXPORT const struct bi_opt_desc *bi_amend_opts(const char *format);

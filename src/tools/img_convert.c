@@ -695,7 +695,10 @@ static int check_target(struct cv_run *r)
     r->optv = cv_optlist_strv(&a->opts);
     if (!a->skip_create) {
         for (int i = 0; i < a->opts.n; i++) {
-            if (!bi_create_opt_find(a->out_fmt, a->opts.v[i].key)) {
+            const char *k = a->opts.v[i].key;
+            if (a->out_filename
+                    ? !bi_create_opt_find_at(a->out_fmt, a->out_filename, k)
+                    : !bi_create_opt_find(a->out_fmt, k)) {
                 cv_err("Invalid parameter '%s'", a->opts.v[i].key);
                 return -1;
             }

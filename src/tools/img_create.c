@@ -53,7 +53,7 @@ int img_print_create_help(const char *filename, const char *fmt)
     if (cannot_create(NULL, fmt)) {
         return 1;
     }
-    if (bi_create_opt_list(fmt, filename != NULL, &all, &n) < 0) {
+    if (bi_create_opt_list_at(fmt, filename, &all, &n) < 0) {
         tool_error("Unknown file format '%s'", fmt);
         return 1;
     }
@@ -84,15 +84,16 @@ void img_print_formatting(void *opaque, const char *filename,
     fflush(stdout);
 }
 
-/* An option of the format or of the protocol below it. */
-static const struct bi_opt_desc *find_opt(const char *fmt, const char *key)
+/* An option of the format or of the protocol filename is created on. */
+static const struct bi_opt_desc *find_opt(const char *fmt, const char *filename,
+                                          const char *key)
 {
-    return bi_create_opt_find(fmt, key);
+    return bi_create_opt_find_at(fmt, filename, key);
 }
 
-static bool has_opt(const char *fmt, const char *key)
+static bool has_opt(const char *fmt, const char *filename, const char *key)
 {
-    return find_opt(fmt, key) != NULL;
+    return find_opt(fmt, filename, key) != NULL;
 }
 
 struct copt {
@@ -170,7 +171,7 @@ static int parse_create_options(const char *filename, const char *fmt,
         v[n].value = val;
         n++;
 
-        const struct bi_opt_desc *d = find_opt(fmt, key);
+        const struct bi_opt_desc *d = find_opt(fmt, filename, key);
         if (!d) {
             tool_error("%s: Invalid parameter '%s'", filename, key);
             goto fail;
@@ -391,7 +392,7 @@ int img_create(int argc, char **argv)
         size_set = true;
     }
     if (base_filename) {
-        if (!has_opt(fmt, "backing_file")) {
+        if (!has_opt(fmt, filename, "backing_file")) {
             tool_error("%s: Backing file not supported for file format '%s'",
                        filename, fmt);
             goto out_opts;
@@ -400,7 +401,7 @@ int img_create(int argc, char **argv)
         base_filename = last_value(ol, n_ol, "backing_file");
     }
     if (base_fmt) {
-        if (!has_opt(fmt, "backing_fmt")) {
+        if (!has_opt(fmt, filename, "backing_fmt")) {
             tool_error("%s: Backing file format not supported for file "
                        "format '%s'",
                        filename, fmt);

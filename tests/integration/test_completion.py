@@ -60,7 +60,7 @@ def test_formats_come_from_help(blkimg):
         sorted(formats)
     assert complete("_blkimg", [blkimg, "info", "-f", "qc"]) == ["qcow2"]
     assert complete("_blkimg", [blkimg, "bitmap", "--source-format",
-                                "r"]) == ["raw"]
+                                "ra"]) == ["raw"]
 
 
 def test_option_values(blkimg):

@@ -2,32 +2,16 @@
 /* NBD file names: the forms QEMU 7.2 accepts (checked with qemu-img info
  * on each: what it opens, its canonical name, and which names it refuses
  * with "No valid URL specified" or "error parsing address"), plus nbds. */
+#include "name_parse.h"
 #include "protocol/nbd/nbd.h"
 #include "tap.h"
 
 #include <errno.h>
 
-/* Parses name and returns the options as "k=v;k=v" (static buffer), or
- * the error message. */
+/* The options name makes as "k=v;k=v", or the error. */
 static const char *parse(const char *name)
 {
-    static char out[2048];
-    struct bi_optlist l = {0};
-    bi_error err;
-
-    bi_error_init(&err);
-    out[0] = 0;
-    if (bi_nbd_parse_filename(name, &l, &err) < 0) {
-        snprintf(out, sizeof(out), "error: %s", err.msg);
-    } else {
-        for (int i = 0; i < l.n; i++) {
-            size_t n = strlen(out);
-            snprintf(out + n, sizeof(out) - n, "%s%s=%s", i ? ";" : "",
-                     l.v[i].key, l.v[i].value);
-        }
-    }
-    bi_optlist_free(&l);
-    return out;
+    return parse_with(bi_nbd_parse_filename, name);
 }
 
 /* The canonical name of what name opens. */

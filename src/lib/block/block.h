@@ -402,12 +402,22 @@ int bi_co_pdiscard(bi_node *n, uint64_t off, uint64_t len);
 int bi_co_flush(bi_node *n);
 int bi_co_block_status(bi_node *n, uint64_t off, uint64_t len,
                        struct bi_status *st);
+/* For a protocol's co_block_status on storage of size bytes: st says
+ * "offset off of n" (no flags yet). At or past size it answers zeroes to
+ * the end and returns true (done); otherwise *len is cut at size and it
+ * returns false. */
+bool bi_status_protocol_start(bi_node *n, uint64_t size, uint64_t off,
+                              uint64_t *len, struct bi_status *st);
 /* Writes clusters compressed through the format driver. */
 int bi_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
                             uint64_t len);
 
 /* The node's geometry (all zero for drivers without one). */
 void bi_node_geometry(bi_node *n, struct bi_geometry *g);
+/* The node whose internal snapshots n has: n when its driver has
+ * snapshot ops, else the file of an identity-map format (QEMU's fallback
+ * to the primary child: raw on RBD lists the RBD image's), else n. */
+bi_node *bi_snapshot_node(bi_node *n);
 
 /* Runs fn(arg) in a fresh coroutine and waits for it (from the main
  * context: polls the loop; from a coroutine: calls fn directly). */

@@ -63,7 +63,8 @@ static void describe(const char *filename, const struct bi_create_opts *o,
 {
     const struct bi_opt_desc **descs;
     int n;
-    if (!o->describe || bi_create_opt_list(o->format, true, &descs, &n) < 0)
+    if (!o->describe ||
+        bi_create_opt_list_at(o->format, filename, &descs, &n) < 0)
         return;
     char **items = bi_xzalloc(sizeof(char *) * (size_t)(n + 1));
     int k = 0;
@@ -123,15 +124,18 @@ static const char *canonical(const struct bi_opt_desc *d, const char *v,
     return v;
 }
 
-/* The options of l split by owner: those only the protocol takes (nocow,
- * ...) into proto, the rest into fmt (both malloc'd "key=value" lists,
- * NULL-terminated; free with free_strv; values canonical). size and
- * preallocation, known to both, stay with the format. */
-static void split_options(const struct bi_driver *drv,
+/* The options of l split by owner: those only the local file protocol
+ * takes (nocow, ...) into proto, the rest into fmt (both malloc'd
+ * "key=value" lists, NULL-terminated; free with free_strv; values
+ * canonical). size and preallocation, known to both, stay with the
+ * format, and so do the options of a network protocol (rbd's
+ * cluster_size), which its create reads from the format's. */
+static void split_options(const struct bi_driver *drv, const char *filename,
                           const struct bi_optlist *l, char ***fmt,
                           char ***proto)
 {
-    const struct bi_driver *p = bi_create_protocol();
+    const struct bi_driver *p = bi_protocol_for(filename);
+    bool local = p == bi_create_protocol();
     int nf = 0, np = 0;
     *fmt = bi_xzalloc((size_t)(l->n + 1) * sizeof(char *));
     *proto = bi_xzalloc((size_t)(l->n + 1) * sizeof(char *));
@@ -143,7 +147,7 @@ static void split_options(const struct bi_driver *drv,
         char num[32];
         const char *v = canonical(own ? own : theirs, l->v[i].value, num);
         bool generic = !strcmp(k, "size") || !strcmp(k, "preallocation");
-        if (theirs && !own && !generic)
+        if (theirs && !own && !generic && local)
             (*proto)[np++] = escape_opt(k, v);
         else
             (*fmt)[nf++] = escape_opt(k, v);
@@ -297,7 +301,7 @@ int bi_create(const char *filename, const struct bi_create_opts *o,
     /* Nodes are sized in whole 512-byte sectors, as in QEMU. */
     co.size = bi_align_up(co.size, 512);
     char **fmt_opts, **proto_opts;
-    split_options(drv, &l, &fmt_opts, &proto_opts);
+    split_options(drv, filename, &l, &fmt_opts, &proto_opts);
     co.options = (const char *const *)fmt_opts;
     if (ret == 0)
         ret = create_file(filename, drv, &co, proto_opts, err);

@@ -51,16 +51,17 @@ const struct bi_driver *bi_create_protocol(void)
     return NULL;
 }
 
-int bi_create_opt_list(const char *format, bool with_protocol,
-                       const struct bi_opt_desc ***out, int *n)
+/* The creation options of format d, then those of protocol proto (may
+ * be NULL), each name once. */
+static int opt_list(const struct bi_driver *d, const struct bi_driver *proto,
+                    const struct bi_opt_desc ***out, int *n)
 {
-    const struct bi_driver *d = bi_driver_find(format);
     *out = NULL;
     *n = 0;
     if (!d)
         return -ENOENT;
-    const struct bi_driver *proto =
-        with_protocol && !d->is_protocol ? bi_create_protocol() : NULL;
+    if (d->is_protocol)
+        proto = NULL;
     const struct bi_opt_desc *tables[2] = {d->create_opts,
                                            proto ? proto->create_opts : NULL};
     int cap = 1;
@@ -83,18 +84,44 @@ int bi_create_opt_list(const char *format, bool with_protocol,
     return 0;
 }
 
-const struct bi_opt_desc *bi_create_opt_find(const char *format,
-                                             const char *key)
+/* Option key of format d, else of protocol proto (may be NULL). */
+static const struct bi_opt_desc *opt_find(const struct bi_driver *d,
+                                          const struct bi_driver *proto,
+                                          const char *key)
 {
-    const struct bi_driver *d = bi_driver_find(format);
     if (!d)
         return NULL;
     const struct bi_opt_desc *o = bi_opt_lookup(d->create_opts, key);
-    const struct bi_driver *proto =
-        d->is_protocol ? NULL : bi_create_protocol();
-    if (!o && proto)
+    if (!o && proto && !d->is_protocol)
         o = bi_opt_lookup(proto->create_opts, key);
     return o;
+}
+
+int bi_create_opt_list(const char *format, bool with_protocol,
+                       const struct bi_opt_desc ***out, int *n)
+{
+    return opt_list(bi_driver_find(format),
+                    with_protocol ? bi_create_protocol() : NULL, out, n);
+}
+
+int bi_create_opt_list_at(const char *format, const char *filename,
+                          const struct bi_opt_desc ***out, int *n)
+{
+    return opt_list(bi_driver_find(format),
+                    filename ? bi_protocol_for(filename) : NULL, out, n);
+}
+
+const struct bi_opt_desc *bi_create_opt_find(const char *format,
+                                             const char *key)
+{
+    return opt_find(bi_driver_find(format), bi_create_protocol(), key);
+}
+
+const struct bi_opt_desc *
+bi_create_opt_find_at(const char *format, const char *filename, const char *key)
+{
+    return opt_find(bi_driver_find(format),
+                    filename ? bi_protocol_for(filename) : NULL, key);
 }
 
 const struct bi_opt_desc *bi_amend_opts(const char *format)

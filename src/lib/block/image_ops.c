@@ -205,6 +205,7 @@ int bi_snapshot_list(bi_node *node, struct bi_snapshot_info **out, int *count,
     (void)err;
     *out = NULL;
     *count = 0;
+    node = bi_snapshot_node(node);
     return node->drv->snapshot ? node->drv->snapshot->list(node, out, count)
                                : 0;
 }

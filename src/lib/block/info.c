@@ -15,6 +15,14 @@ void bi_node_geometry(bi_node *n, struct bi_geometry *g)
         n->drv->get_geometry(n, g);
 }
 
+bi_node *bi_snapshot_node(bi_node *n)
+{
+    if (!n->drv->snapshot && n->drv->identity_map && n->file && n->file != n &&
+        n->file->drv->snapshot)
+        return n->file;
+    return n;
+}
+
 /* QEMU's bdrv_get_info() succeeds (and info shows the dirty flag) when a
  * driver answers it: a format with get_info, a format without one through
  * its file, a protocol that has one (file, not nbd). */
@@ -55,9 +63,10 @@ int bi_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
     if (n->backing_format)
         snprintf(info->backing_format, sizeof(info->backing_format), "%s",
                  n->backing_format);
-    if (n->drv->snapshot) {
+    bi_node *sn = bi_snapshot_node(n);
+    if (sn->drv->snapshot) {
         int ret =
-            n->drv->snapshot->list(n, &info->snapshots, &info->n_snapshots);
+            sn->drv->snapshot->list(sn, &info->snapshots, &info->n_snapshots);
         if (ret < 0)
             return ret;
     }

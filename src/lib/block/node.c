@@ -397,7 +397,16 @@ static bi_node *open_format(const char *filename, const char *format,
         return NULL;
     }
 
-    bi_node *n = node_alloc(drv, filename, o);
+    /* A protocol node named json:{...} (it has no plain name, as QEMU's
+     * rbd) names its format node json:{"driver": FMT, "file": {...}}, as
+     * QEMU's bdrv_refresh_filename does. */
+    char *wrapped = !strncmp(file->filename, "json:{", 6)
+                        ? bi_xasprintf("json:{\"driver\": \"%s\", "
+                                       "\"file\": %s}",
+                                       drv->name, file->filename + 5)
+                        : NULL;
+    bi_node *n = node_alloc(drv, wrapped ? wrapped : filename, o);
+    free(wrapped);
     n->file = file;
     file->parent = n;
     n->format_probed = probed;

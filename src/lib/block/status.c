@@ -136,6 +136,21 @@ static int status_fn(void *opaque)
     return bi_co_block_status(a->n, a->off, a->len, a->st);
 }
 
+bool bi_status_protocol_start(bi_node *n, uint64_t size, uint64_t off,
+                              uint64_t *len, struct bi_status *st)
+{
+    memset(st, 0, sizeof(*st));
+    st->offset = off;
+    st->file = n;
+    if (off >= size) {
+        st->len = *len;
+        st->flags = BI_BS_ZERO | BI_BS_OFFSET_VALID | BI_BS_EOF;
+        return true;
+    }
+    *len = BI_MIN(*len, size - off);
+    return false;
+}
+
 int bi_block_status(bi_node *n, uint64_t off, uint64_t len,
                     struct bi_status *st)
 {

@@ -86,11 +86,17 @@ static int64_t raw_allocated_size(bi_node *n)
 static int raw_create(const char *filename, const struct bi_create_opts *o,
                       bi_error *err)
 {
+    const struct bi_driver *proto = bi_protocol_for(filename);
+
     for (const char *const *p = o->options; p && *p; p++) {
-        if (strncmp(*p, "size=", 5) && strncmp(*p, "preallocation=", 14)) {
-            const char *eq = strchr(*p, '=');
-            int klen = eq ? (int)(eq - *p) : (int)strlen(*p);
-            bi_error_set(err, 0, "Invalid parameter '%.*s'", klen, *p);
+        const char *eq = strchr(*p, '=');
+        int klen = eq ? (int)(eq - *p) : (int)strlen(*p);
+        char key[64];
+        snprintf(key, sizeof(key), "%.*s", klen, *p);
+        /* the protocol's own (rbd's cluster_size) go through to it */
+        if (strcmp(key, "size") && strcmp(key, "preallocation") &&
+            !bi_opt_lookup(proto->create_opts, key)) {
+            bi_error_set(err, 0, "Invalid parameter '%s'", key);
             return -EINVAL;
         }
     }
@@ -146,6 +152,16 @@ static const struct bi_opt_desc raw_runtime_opts[] = {
     {NULL, 0, NULL, NULL, 0},
 };
 
+/* QEMU's raw answers bdrv_get_info with its file's: the cluster size of a
+ * protocol that has one (an RBD object). */
+static void raw_get_geometry(bi_node *n, struct bi_geometry *g)
+{
+    struct bi_geometry fg;
+
+    bi_node_geometry(n->file, &fg);
+    g->cluster_size = fg.cluster_size;
+}
+
 const struct bi_driver bi_drv_raw = {
     .name = "raw",
     .identity_map = true,
@@ -162,4 +178,5 @@ const struct bi_driver bi_drv_raw = {
     .co_truncate = raw_co_truncate,
     .co_block_status = raw_co_block_status,
     .get_allocated_file_size = raw_allocated_size,
+    .get_geometry = raw_get_geometry,
 };

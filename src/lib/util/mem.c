@@ -113,6 +113,19 @@ void *bi_xzalloc(size_t size)
     return p;
 }
 
+void *bi_xgrow(void *p, size_t *cap, size_t n, size_t elem)
+{
+    if (n < *cap) {
+        return p;
+    }
+    *cap = *cap ? 2 * *cap : 64;
+    p = realloc(p, *cap * elem);
+    if (!p) {
+        bi_out_of_memory(*cap * elem);
+    }
+    return p;
+}
+
 char *bi_xstrdup(const char *s)
 {
     size_t n = strlen(s) + 1;

@@ -109,6 +109,9 @@ void bi_free_aligned(void *p);
 _Noreturn void bi_out_of_memory(size_t size);
 void *bi_xmalloc(size_t size);
 void *bi_xzalloc(size_t size);
+/* Makes room for entry n of the array p of *cap entries of elem bytes:
+ * doubles *cap (from 64) when n reaches it. Returns the array (moved). */
+void *bi_xgrow(void *p, size_t *cap, size_t n, size_t elem);
 char *bi_xstrdup(const char *s);
 char *bi_xasprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -390,13 +390,7 @@ static void cache_push(struct nbd_status_cache *c, uint64_t len, unsigned flags)
     if (c->n && c->runs[c->n - 1].flags == flags) {
         c->runs[c->n - 1].len += len;
     } else {
-        if (c->n == c->cap) {
-            c->cap = c->cap ? 2 * c->cap : 64;
-            c->runs = realloc(c->runs, c->cap * sizeof(*c->runs));
-            if (!c->runs) {
-                abort();
-            }
-        }
+        c->runs = bi_xgrow(c->runs, &c->cap, c->n, sizeof(*c->runs));
         c->runs[c->n].len = len;
         c->runs[c->n].flags = flags;
         c->n++;
@@ -507,15 +501,9 @@ static int nbd_co_block_status(bi_node *n, uint64_t off, uint64_t len,
 {
     struct nbd_state *s = n->opaque;
 
-    memset(st, 0, sizeof(*st));
-    st->offset = off;
-    st->file = n;
-    if (off >= s->size) {
-        st->len = len;
-        st->flags = BI_BS_ZERO | BI_BS_OFFSET_VALID | BI_BS_EOF;
+    if (bi_status_protocol_start(n, s->size, off, &len, st)) {
         return 0;
     }
-    len = BI_MIN(len, s->size - off);
     if (!s->has_status) {
         st->len = len; /* the server says nothing: all data */
         st->flags = BI_BS_DATA | BI_BS_OFFSET_VALID;
