@@ -10,8 +10,9 @@
 #                     line printed is "N passed, N failed"
 #   make torture      build, then the long trials: 20000 damaged qcow2
 #                     images judged by blkimg check and qemu-img check
-#                     (TORTURE_CASES, TORTURE_SEED), then 2000 power-loss
-#                     trials (TORTURE_POWERLOSS)
+#                     (TORTURE_CASES, TORTURE_SEED), 2000 power-loss
+#                     trials (TORTURE_POWERLOSS), and the tests marked
+#                     torture (the full SIGKILL crash trials)
 #   make bench        build, then run the benchmarks (bench/run.sh); the
 #                     report, results and charts go to build/bench-results/
 #   make install      meson install (PREFIX=/usr/local, DESTDIR honoured):
@@ -68,7 +69,9 @@ torture: deps build
 		$(TORTURE_CASES) $(TORTURE_SEED); a=$$?; \
 	python3 tests/interop/powerloss_trials.py $(abspath $(BUILD)) \
 		$(TORTURE_POWERLOSS) $(TORTURE_SEED); b=$$?; \
-	[ $$a -eq 0 ] && [ $$b -eq 0 ]
+	BLKIMG_BUILD=$(abspath $(BUILD)) /usr/bin/python3 -m pytest -q \
+		-p no:cacheprovider -m torture tests/integration tests/interop; \
+	c=$$?; [ $$a -eq 0 ] && [ $$b -eq 0 ] && [ $$c -eq 0 ]
 
 bench: build bench-tools
 	@BLKIMG_BUILD=$(BUILD) bench/run.sh

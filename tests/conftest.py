@@ -24,7 +24,8 @@ Fixtures
                            key and pytest worker; tests never modify it:
                            they copy what they need (ops_helpers.twin_copy)
 Markers
-  slow      long tests (crash trials, big images)
+  slow      long tests (crash trials, big images): normal build only
+  torture   the longest trials: make torture only, never make check
   qemu      needs qemu-img / qemu-io (skipped when missing)
   root      needs root (loop devices, mounts; skipped otherwise)
   loop      creates loop devices (implies root)
@@ -59,6 +60,7 @@ def _build_dir():
 def pytest_configure(config):
     for line in (
         "slow: long-running test (crash trials, large images)",
+        "torture: the longest trials, run by make torture, not make check",
         "qemu: needs QEMU's qemu-img / qemu-io (skipped when missing)",
         "root: needs root privileges (skipped otherwise)",
         "loop: creates loop devices (needs root; cleans up on failure)",

@@ -241,11 +241,13 @@ REFCOUNT_CASES = [
     ([], ["write -P 1 0 9M"], [], ["-p", "-o", "refcount_bits=8"]),
     ([], ["write -P 1 0 9M"], [], ["-o", "refcount_bits=32"]),
     ([], ["write -P 1 0 9M"], [], ["-p", "-o", "refcount_bits=64"]),
-    (["-o", "cluster_size=4k"], ["write -P 1 0 300M",
-                                 "write -P 3 700M 100M"], [],
+    # many refcount blocks, far apart (4k clusters: 64 MiB needs 8 blocks
+    # of 16-bit entries, 32 of 64-bit ones)
+    (["-o", "cluster_size=4k"], ["write -P 1 0 64M",
+                                 "write -P 3 700M 32M"], [],
      ["-p", "-o", "refcount_bits=64"]),
     (["-o", "cluster_size=4k,refcount_bits=64"],
-     ["write -P 1 0 300M", "write -P 3 700M 100M"], [],
+     ["write -P 1 0 64M", "write -P 3 700M 32M"], [],
      ["-p", "-o", "refcount_bits=1"]),
     # snapshots: refcounts of 2 fit 2 bits, not 1
     ([], ["write -P 1 0 9M"], [("s1", ["write -P 2 0 1M"])],

@@ -66,8 +66,8 @@ WORKLOADS = {
         ("write", 1, 1 * M, 16 * K), ("flush",), ("zero", 64 * K, 8 * K),
         ("write", 2, 2 * M, 4 * K), ("flush",),
         ("write", 3, 5 * M, 64 * K)], 24),
-    "reuse": ("", [(6, 0, 8 * M)], [
-        ("discard", 0, 8 * M), ("write", 1, 16 * M, 6 * M), ("flush",),
+    "reuse": ("", [(6, 0, 5 * M)], [
+        ("discard", 0, 5 * M), ("write", 1, 16 * M, 4 * M), ("flush",),
         ("write", 2, 24 * M, 1 * M)], 12),
     "snapshot": ("cluster_size=4096", [(3, 0, 512 * K), (4, 2 * M, 64 * K)],
                  [("tool", "snapshot", "-c", "s1")], 9),
@@ -76,7 +76,7 @@ WORKLOADS = {
 }
 
 
-# (reuse: a discard frees 8 MiB that the next allocation takes again,
+# (reuse: a discard frees 5 MiB that the next allocation takes again,
 # qcow2's flush before the reuse included.)
 # Workloads that change refcounts and COPIED flags of many tables (a
 # snapshot): a crash between the two leaves COPIED set on clusters whose

@@ -15,8 +15,8 @@ import qcow2_mutate  # noqa: E402
 
 pytestmark = pytest.mark.qemu
 
-SEEDS = 30  # per kind: 300 cases
-SEEDS_SANITIZED = 6
+SEEDS = 20  # per kind: 200 cases
+SEEDS_SANITIZED = 5
 
 
 @pytest.mark.parametrize("kind", sorted(qcow2_mutate.KINDS))

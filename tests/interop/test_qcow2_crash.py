@@ -121,7 +121,7 @@ def test_crash_trials(blkimg, blkimg_io, qemu_img, qemu_io, tmp_path, opts):
                [(seed * 7 + len(opts), opts) for seed in range(TRIALS // 4)])
 
 
-@pytest.mark.slow
+@pytest.mark.torture
 def test_crash_trials_full(blkimg, blkimg_io, qemu_img, qemu_io, tmp_path):
     """The full suite's 200 trials."""
     opts = ["cluster_size=4k", "cluster_size=64k",
