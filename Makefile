@@ -11,6 +11,9 @@
 #   make torture      build, then the long trials: 20000 damaged qcow2
 #                     images judged by blkimg check and qemu-img check
 #                     (TORTURE_CASES, TORTURE_SEED)
+#   make fuzz         build the libFuzzer targets (build-fuzz/, clang) and
+#                     run each for FUZZ_TIME seconds (300); crash inputs go
+#                     to tests/fuzz/crashes/ (tests/fuzz/run.sh)
 #   make bench        build, then run the benchmarks (bench/run.sh); the
 #                     report, results and charts go to build/bench-results/
 #   make install      meson install (PREFIX=/usr/local, DESTDIR honoured):
@@ -19,7 +22,7 @@
 #   make symbols      rewrite debian/libblkimg0.symbols (the exported
 #                     symbols on record) from build/libblkimg.so
 #   make format       clang-format -i on every C file
-#   make clean        remove build/, build-asan/ and demo/
+#   make clean        remove build/, build-asan/, build-fuzz/ and demo/
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
@@ -31,8 +34,8 @@ CC         ?= cc
 # C files we format / check (never anything under a build directory).
 C_DIRS     := src include tests bench examples
 
-.PHONY: all build deps run check torture bench bench-tools install format \
-	check-format clean symbols
+.PHONY: all build deps run check torture fuzz bench bench-tools install \
+	format check-format clean symbols
 
 all: build
 
@@ -65,6 +68,13 @@ torture: deps build
 	@python3 tests/interop/qcow2_mutate.py $(abspath $(BUILD)) \
 		$(TORTURE_CASES) $(TORTURE_SEED)
 
+FUZZ_BUILD ?= build-fuzz
+FUZZ_TIME  ?= 300
+
+fuzz:
+	@scripts/deps.sh --fuzz
+	@FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_TIME=$(FUZZ_TIME) tests/fuzz/run.sh
+
 bench: build bench-tools
 	@BLKIMG_BUILD=$(BUILD) bench/run.sh
 
@@ -88,4 +98,4 @@ check-format:
 	@scripts/check-format.sh
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) demo
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) demo
