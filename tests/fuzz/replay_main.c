@@ -2,10 +2,10 @@
 /*
  * A main for a fuzz target without libFuzzer: runs the target's
  * LLVMFuzzerTestOneInput once on each file named on the command line (a
- * directory: on each regular file in it, in name order). A finding aborts,
- * as under the fuzzer; otherwise prints "N inputs" and exits 0. This is
- * how `make check` replays the seed corpora and the regression inputs
- * with gcc, on the normal and on the sanitizer build.
+ * directory: on each regular file in it but dot files, in name order). A
+ * finding aborts, as under the fuzzer; otherwise prints "N inputs" and
+ * exits 0. This is how `make check` replays the seed corpora and the
+ * regression inputs with gcc, on the normal and on the sanitizer build.
  */
 #include "fuzz_common.h"
 
@@ -77,7 +77,8 @@ static int run_dir(const char *dir)
         char path[4096];
         struct stat st;
         snprintf(path, sizeof(path), "%s/%s", dir, list[i]->d_name);
-        if (stat(path, &st) == 0 && S_ISREG(st.st_mode)) {
+        if (list[i]->d_name[0] != '.' && stat(path, &st) == 0 &&
+            S_ISREG(st.st_mode)) {
             if (run_file(path) < 0)
                 count = -1;
             else if (count >= 0)
