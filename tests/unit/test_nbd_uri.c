@@ -137,6 +137,11 @@ int main(void)
            "nbd://localhost:10811/ex", "inet name");
     is_str(canon("nbd://127.0.0.1"), "nbd://127.0.0.1:10809",
            "inet, default port and export");
+    /* commas are part of names (found by tests/fuzz/fuzz_parse) */
+    is_str(canon("nbd://a,,b,c:10809"), "nbd://a,,b,c:10809",
+           "commas in a host stay");
+    is_str(canon("nbd+unix:///e,x?socket=/tmp/s,,t"),
+           "nbd+unix:///e,x?socket=/tmp/s,,t", "commas in export, socket");
     is_str(canon("nbds://h/e?tls-creds=nope"),
            "error: No TLS credentials with id 'nope'",
            "credentials must exist");

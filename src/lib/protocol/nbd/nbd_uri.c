@@ -30,22 +30,11 @@ static void put(struct bi_optlist *l, const char *key, const char *fmt, ...)
         abort();
     }
     va_end(ap);
-    /* ',' would end the value in the option syntax: double it */
-    size_t n = 0;
-    char *esc = bi_xmalloc(strlen(v) * 2 + 1);
-    for (const char *p = v; *p; p++) {
-        esc[n++] = *p;
-        if (*p == ',') {
-            esc[n++] = ',';
-        }
-    }
-    esc[n] = 0;
-    item = bi_xasprintf("%s=%s", key, esc);
-    if (bi_optlist_parse(l, item) < 0) {
-        abort(); /* key=value with escaped commas always parses */
+    item = bi_xasprintf("%s=%s", key, v);
+    if (bi_optlist_add(l, item) < 0) {
+        abort(); /* the keys are ours, never empty */
     }
     free(item);
-    free(esc);
     free(v);
 }
 
@@ -553,7 +542,7 @@ int bi_nbd_target_parse(const char *const *opts, struct nbd_target *t,
 
     memset(t, 0, sizeof(*t));
     for (const char *const *p = opts; p && *p && ret == 0; p++) {
-        ret = bi_optlist_parse(&l, *p);
+        ret = bi_optlist_add(&l, *p); /* one key=value each, as given */
     }
     for (int i = 0; ret == 0 && i < l.n; i++) {
         if (!key_known(l.v[i].key)) {
