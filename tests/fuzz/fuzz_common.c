@@ -32,10 +32,12 @@ static void scratch_remove(void)
     (void)rmdir(scratch);
 }
 
-/* Makes the scratch directory (tmpfs when there is one). */
+/* Makes the scratch directory: in $BLKIMG_FUZZ_DIR if set, else on tmpfs
+ * when there is one. */
 static void scratch_init(void)
 {
-    const char *bases[] = {"/dev/shm", getenv("TMPDIR"), "/tmp"};
+    const char *bases[] = {getenv("BLKIMG_FUZZ_DIR"), "/dev/shm",
+                           getenv("TMPDIR"), "/tmp"};
 
     if (scratch[0])
         return;

@@ -21,7 +21,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define FUZZ_MAX_GUEST (64ull << 20)
 
 /* Writes data to the file name (no slash) in the process's scratch
- * directory (made on first use on tmpfs, removed at exit), and empties the data
+ * directory (made on first use in $BLKIMG_FUZZ_DIR or on tmpfs, removed
+ * at exit, though not after a crash), and empties the data
  * file fuzz_open gives qcow2 images. Returns the file's path (static storage:
  * valid until the next call with another name). Aborts on error. */
 const char *fuzz_put_image(const char *name, const uint8_t *data, size_t size);

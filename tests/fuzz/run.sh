@@ -48,6 +48,10 @@ findings() {
 }
 
 mkdir -p "$CRASHES"
+# The targets' scratch files (left behind by a crash): tmpfs, removed here.
+SCRATCH=$(mktemp -d /dev/shm/blkimg-fuzz-run.XXXXXX 2>/dev/null || mktemp -d)
+trap 'rm -rf "$SCRATCH"' EXIT
+export BLKIMG_FUZZ_DIR=$SCRATCH
 status=0
 summary=()
 for t in $TARGETS; do
