@@ -18,15 +18,16 @@
 #define NWRITES 4
 #define WLEN 3000
 
-/* The offsets written in an image of len bytes (not overlapping: the
- * image is at least 4 * WLEN bytes long, else fewer are used). */
+/* The offsets written in an image of len bytes, not overlapping: four
+ * in an image of at least 8 * WLEN bytes (the middle one aligned down by
+ * up to 511 bytes still leaves room), else only the first. */
 static int plan(uint64_t len, uint64_t *off)
 {
     int n = 0;
     if (len < WLEN)
         return 0;
     off[n++] = 0;
-    if (len >= 4 * WLEN) {
+    if (len >= 8 * WLEN) {
         off[n++] = len - WLEN;                 /* the last bytes */
         off[n++] = (len / 2) & ~(uint64_t)511; /* aligned, middle */
         off[n++] = (len / 4) | 1;              /* odd */
