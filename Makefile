@@ -10,7 +10,8 @@
 #                     line printed is "N passed, N failed"
 #   make torture      build, then the long trials: 20000 damaged qcow2
 #                     images judged by blkimg check and qemu-img check
-#                     (TORTURE_CASES, TORTURE_SEED)
+#                     (TORTURE_CASES, TORTURE_SEED), then 2000 power-loss
+#                     trials (TORTURE_POWERLOSS)
 #   make fuzz         build the libFuzzer targets (build-fuzz/, clang) and
 #                     run each for FUZZ_TIME seconds (300); crash inputs go
 #                     to tests/fuzz/crashes/ (tests/fuzz/run.sh)
@@ -61,12 +62,16 @@ run: deps build
 check: deps
 	@BLKIMG_BUILD=$(BUILD) BLKIMG_ASAN_BUILD=$(ASAN_BUILD) tests/run_all.sh
 
-TORTURE_CASES ?= 20000
-TORTURE_SEED  ?= 100000
+TORTURE_CASES     ?= 20000
+TORTURE_SEED      ?= 100000
+TORTURE_POWERLOSS ?= 2000
 
 torture: deps build
 	@python3 tests/interop/qcow2_mutate.py $(abspath $(BUILD)) \
-		$(TORTURE_CASES) $(TORTURE_SEED)
+		$(TORTURE_CASES) $(TORTURE_SEED); a=$$?; \
+	python3 tests/interop/powerloss_trials.py $(abspath $(BUILD)) \
+		$(TORTURE_POWERLOSS) $(TORTURE_SEED); b=$$?; \
+	[ $$a -eq 0 ] && [ $$b -eq 0 ]
 
 FUZZ_BUILD ?= build-fuzz
 FUZZ_TIME  ?= 300

@@ -15,10 +15,14 @@ PACKAGES=(
     # build
     meson ninja-build pkg-config gcc libc6-dev
     liburing-dev zlib1g-dev libzstd-dev libcmocka-dev libnbd-dev
+    libcurl4-gnutls-dev
     # tests
     python3 python3-pytest python3-pytest-timeout python3-pytest-xdist
     qemu-utils fio xfsprogs e2fsprogs util-linux mount
     nbdkit libnbd-bin gnutls-bin
+    # http(s) tests: a real web server, openssl for its certificate, and
+    # QEMU's curl module to compare with
+    nginx-light openssl qemu-block-extra
     # format check
     clang-format
     # man pages (scdoc; groff renders them in the tests), bash completion

@@ -285,3 +285,40 @@ def _drop_tmp_path_of_passed_test(request):
     path = request.node.funcargs.get("tmp_path")
     if path is not None:
         shutil.rmtree(path, ignore_errors=True)
+
+
+# ------------------------------------------------ images made by the peers
+
+PEER_CACHE = os.environ.get("BLKIMG_PEER_CACHE",
+                            "/var/tmp/blkimg-test-cache")
+
+
+def peer_version():
+    cp = subprocess.run(["qemu-img", "--version"], capture_output=True,
+                        text=True)
+    return cp.stdout.splitlines()[0] if cp.returncode == 0 else "none"
+
+
+def cached_dir(key, build):
+    """A directory that build(path) filled once, shared by every pytest
+    worker and by both builds' runs (normal and sanitizer): for images
+    that QEMU's tools make slowly (LUKS: qemu-img times PBKDF2 for half a
+    second of CPU per key slot). key names everything the images depend
+    on; the qemu-img version is added. Only images the peers make belong
+    here, never blkimg's. Returns the directory (read it, copy from it,
+    never write to it)."""
+    import fcntl
+    import hashlib
+    digest = hashlib.sha256(("%s|%s" % (peer_version(), key)).encode())
+    path = os.path.join(PEER_CACHE, digest.hexdigest()[:24])
+    os.makedirs(PEER_CACHE, exist_ok=True)
+    with open(path + ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.isdir(path):
+            tmp = path + ".tmp"
+            shutil.rmtree(tmp, ignore_errors=True)
+            os.makedirs(tmp)
+            build(tmp)
+            os.rename(tmp, path)
+    import pathlib
+    return pathlib.Path(path)

@@ -38,6 +38,20 @@ typedef struct bi_error {
     char msg[1024]; /* one line, no trailing newline */
 } bi_error;
 
+/* Messages: what the library has to tell besides errors (warnings such as
+ * the raw-probe one, the findings of bi_check, a corruption noticed in
+ * use) reach the handler the program installs, one message per call,
+ * without a final newline (a message may hold several lines). Without a
+ * handler they are dropped: the library never prints. Install it before
+ * opening images; it may be called from any library call. */
+enum bi_message_kind {
+    BI_MESSAGE_WARNING,
+    BI_MESSAGE_CHECK, /* a finding or repair of bi_check */
+};
+typedef void bi_message_fn(void *opaque, enum bi_message_kind kind,
+                           const char *message);
+BI_EXPORT void bi_set_message_handler(bi_message_fn *fn, void *opaque);
+
 BI_EXPORT void bi_error_init(bi_error *err);
 /* Sets err (if err is non-NULL and not already set). If errnum != 0,
  * ": <strerror(errnum)>" is appended to the formatted message. */

@@ -222,6 +222,7 @@ int main(int argc, char **argv)
     struct io_open_req req;
 
     signal(SIGPIPE, SIG_IGN);
+    tool_install_message_handler();
     io_set_progname(prog);
     io_open_req_init(&req);
 

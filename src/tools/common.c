@@ -16,12 +16,28 @@
 
 const char *tool_prog = "blkimg";
 
+/* The library's messages (warnings, check findings) go to stderr as they
+ * are, as qemu-img prints its own. */
+static void print_message(void *opaque, enum bi_message_kind kind,
+                          const char *message)
+{
+    (void)opaque;
+    (void)kind;
+    fprintf(stderr, "%s\n", message);
+}
+
+void tool_install_message_handler(void)
+{
+    bi_set_message_handler(print_message, NULL);
+}
+
 void tool_init(const char *argv0)
 {
     if (argv0 && *argv0) {
         const char *p = strrchr(argv0, '/');
         tool_prog = p ? p + 1 : argv0;
     }
+    tool_install_message_handler();
 }
 
 /* stdout is not flushed first: qemu-img's messages do not either, which
@@ -211,6 +227,98 @@ static int parse_bool(const char *v, bool *out)
         return -EINVAL;
     }
     return 0;
+}
+
+/* Appends the members of object v to out as k=v pairs, keys under
+ * prefix. -EINVAL for an array or null member. */
+static int json_flatten(FILE *out, const bi_value *v, const char *prefix,
+                        bool *first)
+{
+    for (int i = 0; i < bi_value_count(v); i++) {
+        const char *key;
+        const bi_value *m = bi_value_at(v, i, &key);
+        char *full =
+            prefix ? bi_xasprintf("%s.%s", prefix, key) : bi_xstrdup(key);
+        int ret = 0;
+        switch (bi_value_type(m)) {
+        case BI_VALUE_OBJECT:
+            ret = json_flatten(out, m, full, first);
+            break;
+        case BI_VALUE_STRING:
+            fprintf(out, "%s%s=", *first ? "" : ",", full);
+            for (const char *p = bi_value_get_string(m); *p; p++) {
+                if (*p == ',') {
+                    fputc(',', out); /* ",," is a literal comma */
+                }
+                fputc(*p, out);
+            }
+            *first = false;
+            break;
+        case BI_VALUE_BOOL:
+            fprintf(out, "%s%s=%s", *first ? "" : ",", full,
+                    bi_value_get_bool(m) ? "on" : "off");
+            *first = false;
+            break;
+        case BI_VALUE_INT:
+            if (bi_value_is_unsigned(m)) {
+                fprintf(out, "%s%s=%" PRIu64, *first ? "" : ",", full,
+                        (uint64_t)bi_value_get_int(m));
+            } else {
+                fprintf(out, "%s%s=%" PRId64, *first ? "" : ",", full,
+                        bi_value_get_int(m));
+            }
+            *first = false;
+            break;
+        default:
+            ret = -EINVAL;
+        }
+        free(full);
+        if (ret < 0) {
+            return ret;
+        }
+    }
+    return 0;
+}
+
+int tool_json_filename(const char *name, char **opts, char *errbuf,
+                       size_t errlen)
+{
+    bi_value *v;
+    size_t len = 0;
+    bool first = true;
+    FILE *out;
+    int ret;
+
+    *opts = NULL;
+    if (strncmp(name, "json:", 5)) {
+        return 0;
+    }
+    v = bi_value_parse_json(name + 5);
+    if (!v) {
+        snprintf(errbuf, errlen, "Could not parse the JSON options");
+        return -EINVAL;
+    }
+    if (bi_value_type(v) != BI_VALUE_OBJECT) {
+        snprintf(errbuf, errlen, "Invalid JSON object given");
+        bi_value_free(v);
+        return -EINVAL;
+    }
+    out = open_memstream(opts, &len);
+    if (!out) {
+        abort();
+    }
+    ret = json_flatten(out, v, NULL, &first);
+    fclose(out);
+    bi_value_free(v);
+    if (ret < 0) {
+        snprintf(errbuf, errlen,
+                 "Invalid JSON options: arrays and null "
+                 "are not supported");
+        free(*opts);
+        *opts = NULL;
+        return ret;
+    }
+    return 1;
 }
 
 /* Splits "k=v,k2=v2" as QemuOpts does: ",," is a literal comma; the first
@@ -557,7 +665,10 @@ static const char *open_cause(const char *msg, const char *file)
     return r;
 }
 
-bi_node *tool_open(struct tool_image *ti)
+/* tool_open for an image named by spec: options (by_opts: --image-opts or
+ * a json: name turned into them) or a file name. */
+static bi_node *open_image(struct tool_image *ti, const char *spec,
+                           bool by_opts)
 {
     struct bi_open_opts o;
     struct tool_image_opts io;
@@ -576,16 +687,16 @@ bi_node *tool_open(struct tool_image *ti)
     o.no_backing = ti->no_backing;
     o.quiet_probe = ti->quiet_probe;
     o.metadata_only = ti->metadata_only;
-    o.named_by_options = ti->image_opts;
+    o.named_by_options = by_opts;
 
-    if (ti->image_opts) {
+    if (by_opts) {
         char msg[1024];
-        if (ti->fmt) {
+        if (ti->fmt && ti->image_opts) {
             tool_error("--image-opts and --format are mutually exclusive");
             return NULL;
         }
         msg[0] = 0;
-        if (tool_parse_image_opts(ti->filename, &io, msg, sizeof(msg)) < 0 ||
+        if (tool_parse_image_opts(spec, &io, msg, sizeof(msg)) < 0 ||
             (io.driver && check_driver_opts(io.driver, io.driver_opts, msg,
                                             sizeof(msg)) < 0)) {
             tool_error("Could not open '%s': %s", ti->filename, msg);
@@ -626,7 +737,7 @@ bi_node *tool_open(struct tool_image *ti)
             aio_set = true;
             aio = io.aio;
         }
-        o.format = io.driver;
+        o.format = io.driver ? io.driver : ti->fmt; /* json: with -f */
         o.driver_opts = (const char *const *)io.driver_opts;
         o.protocol_opts = (const char *const *)io.protocol_opts;
         fname = io.filename;
@@ -634,7 +745,7 @@ bi_node *tool_open(struct tool_image *ti)
     o.cache = cache;
     o.backing_cache = cache;
     ti->cache = cache; /* as the image options made it */
-    if (ti->image_opts && io.has_read_only && io.read_only) {
+    if (by_opts && io.has_read_only && io.read_only) {
         o.read_write = false;
     }
     if (o.force_share && o.read_write) {
@@ -663,7 +774,7 @@ bi_node *tool_open(struct tool_image *ti)
         }
     }
     n = bi_open(fname, &o, &err);
-    if (n && ti->image_opts && !io.driver) {
+    if (n && by_opts && !io.driver && !ti->fmt) {
         char msg[1024];
         if (check_driver_opts(bi_node_format(n), io.driver_opts, msg,
                               sizeof(msg)) < 0) {
@@ -675,7 +786,7 @@ bi_node *tool_open(struct tool_image *ti)
         }
     }
     if (!n) {
-        if (ti->image_opts) {
+        if (by_opts) {
             tool_error("Could not open '%s': %s", ti->filename,
                        open_cause(err.msg, fname));
         } else {
@@ -683,5 +794,20 @@ bi_node *tool_open(struct tool_image *ti)
         }
     }
     tool_image_opts_free(&io);
+    return n;
+}
+
+bi_node *tool_open(struct tool_image *ti)
+{
+    char *json = NULL, msg[1024] = "";
+    bi_node *n;
+
+    if (!ti->image_opts &&
+        tool_json_filename(ti->filename, &json, msg, sizeof(msg)) < 0) {
+        tool_error("Could not open '%s': %s", ti->filename, msg);
+        return NULL;
+    }
+    n = open_image(ti, json ? json : ti->filename, ti->image_opts || json);
+    free(json);
     return n;
 }

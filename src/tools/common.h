@@ -20,6 +20,8 @@ extern const char *tool_prog;
 void tool_init(const char *argv0);
 
 /* "prog: message\n" on stderr (qemu's error_report). */
+/* Prints the library's messages on stderr (tool_init does it too). */
+void tool_install_message_handler(void);
 void tool_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* tool_error() plus "Try 'prog --help' for more information"; exits 1
  * (qemu-img's error_exit). */
@@ -90,6 +92,13 @@ struct tool_image_opts {
 int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
                           char *errbuf, size_t errlen);
 void tool_image_opts_free(struct tool_image_opts *io);
+/* QEMU's json:{...} file names: the object's members (nested objects
+ * flattened with dots: {"file": {"driver": "http"}} is file.driver=http)
+ * as an --image-opts string in *opts (malloc'd). Returns 0 when name is
+ * no json: name (*opts NULL), 1 when converted, -EINVAL with errbuf set
+ * to QEMU's words for a bad one. */
+int tool_json_filename(const char *name, char **opts, char *errbuf,
+                       size_t errlen);
 
 /* The names of the registered drivers that open images, joined by sep
  * (malloc'd): formats and/or protocols (which), each kind in registry

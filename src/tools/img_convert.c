@@ -242,14 +242,24 @@ bi_node *cv_open_opts(const char *filename, const char *fmt, bool image_opts,
     const char *fname = filename;
     bi_node *n;
 
+    char *json = NULL, msg[1024] = "";
+
+    if (!image_opts &&
+        tool_json_filename(filename, &json, msg, sizeof(msg)) < 0) {
+        cv_err("Could not open '%s': %s", filename, msg);
+        return NULL;
+    }
     o->format = fmt;
-    o->named_by_options = image_opts;
-    if (image_opts) {
-        if (fmt) {
-            cv_err("--image-opts and --format are mutually exclusive");
-            return NULL;
-        }
-        if (cv_parse_image_opts(filename, o, &fname, &owned) < 0) {
+    o->named_by_options = image_opts || json;
+    if (image_opts && fmt) {
+        cv_err("--image-opts and --format are mutually exclusive");
+        return NULL;
+    }
+    if (image_opts || json) {
+        int ret =
+            cv_parse_image_opts(json ? json : filename, o, &fname, &owned);
+        free(json);
+        if (ret < 0) {
             return NULL;
         }
     }

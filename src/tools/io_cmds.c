@@ -2197,6 +2197,23 @@ int io_openfile(const char *name, struct io_open_req *r)
     } else {
         snprintf(prefix, sizeof(prefix), "can't open: ");
     }
+    if (name && !g_reopening) {
+        /* json:{...}: its keys, as --image-opts would give them */
+        char *json = NULL, jerr[1024] = "";
+        int j = tool_json_filename(name, &json, jerr, sizeof(jerr));
+        if (j < 0) {
+            io_error_report("%s%s", prefix, jerr);
+            return 1;
+        }
+        if (j > 0) {
+            j = io_parse_opts(&r->opts, json);
+            free(json);
+            if (j < 0) {
+                return 1;
+            }
+            name = NULL;
+        }
+    }
     if (r->force_share) {
         v = opt_get(l, "force-share");
         if (v && strcmp(v, "on") != 0) {

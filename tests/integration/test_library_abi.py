@@ -162,3 +162,32 @@ def test_debian_version_is_the_project_version(build_dir):
     with open(os.path.join(REPO, "debian", "changelog")) as f:
         first = f.readline()
     assert first.startswith("blkimg (%s) " % version), (first, version)
+
+
+# what an object of the library may not import: the standard streams and
+# the calls that print on them without being given a stream (writing to a
+# stream the caller passes, as the JSON renderer does, is fine)
+PRINTING = {"stderr", "stdout", "printf", "puts", "perror", "putchar",
+            "vprintf"}
+
+
+def test_library_never_prints(build_dir):
+    """No object of the library refers to stdout, stderr or the calls that
+    print on them: messages go to the program's handler
+    (bi_set_message_handler). The one exception is the line util/mem.c
+    writes before it aborts for want of memory."""
+    objs = []
+    for lib in ("libblkimg_internal.a.p", "libbiutil.a.p"):
+        objs += glob.glob(os.path.join(str(build_dir), lib, "*.o"))
+    assert len(objs) > 20, objs
+    offenders = {}
+    for o in objs:
+        out = subprocess.run(["nm", "-u", o], capture_output=True, text=True,
+                             check=True).stdout
+        used = {ln.split()[-1].split("@")[0] for ln in out.splitlines()
+                if ln.strip()} & PRINTING
+        if os.path.basename(o) == "src_lib_util_mem.c.o":
+            used -= {"stderr"}
+        if used:
+            offenders[os.path.basename(o)] = sorted(used)
+    assert not offenders, offenders

@@ -124,7 +124,8 @@ def test_blkimg_page_documents_every_option(build_dir, blkimg):
 def test_blkimg_page_documents_formats_exit_codes_and_pipelines(
         build_dir, blkimg):
     s = sections(blkimg_page(build_dir))
-    protocols = {"file", "nbd"}  # documented under PROTOCOLS
+    protocols = {"file", "nbd", "powerloss", "http",
+                 "https"}  # documented under PROTOCOLS
     for fmt in set(tool_options.blkimg_formats(blkimg)):
         where = "PROTOCOLS" if fmt in protocols else "FORMATS"
         assert re.search(r"^ {7}%s$" % fmt, s[where], re.M), fmt

@@ -48,9 +48,22 @@ KINDS = {
 SIZE = "8M"
 
 
+class _TimedOut:
+    """What _run returns for a command that ran past TIMEOUT (killed)."""
+    returncode = -9
+    stdout = ""
+
+    def __init__(self, argv):
+        self.stderr = "timed out after %d s: %s\n" % (TIMEOUT, " ".join(argv))
+
+
 def _run(argv, cwd=None):
-    return subprocess.run(argv, capture_output=True, text=True,
-                          timeout=TIMEOUT, stdin=subprocess.DEVNULL, cwd=cwd)
+    try:
+        return subprocess.run(argv, capture_output=True, text=True,
+                              timeout=TIMEOUT, stdin=subprocess.DEVNULL,
+                              cwd=cwd)
+    except subprocess.TimeoutExpired:
+        return _TimedOut(argv)
 
 
 def make_image(path, kind):
@@ -188,6 +201,18 @@ def check(tool, path, *args):
     return cp.returncode, cp.stdout, cp.stderr
 
 
+def _slow_for_qemu_too(img):
+    """Whether qemu-img's own repair of a copy of img runs past TIMEOUT
+    as well (a repair that must reach a refcount block terabytes past the
+    end of the file counts for a long time in both)."""
+    q = img + ".qrep"
+    shutil.copy(img, q)
+    try:
+        return check("qemu-img", q, "-r", "all")[0] == _TimedOut.returncode
+    finally:
+        os.unlink(q)
+
+
 def _disagreement(label, q, b):
     """The kind of a disagreement between the exit codes, or None:
     "silent" (blkimg calls clean what qemu-img does not), "alarm" (the
@@ -241,7 +266,9 @@ def one_case(blkimg, workdir, kind, seed, quick=False):
     rep = img + ".rep"
     shutil.copy(img, rep)
     code, out, err = check(blkimg, rep, "-r", "all")
-    if code >= 128 or code < 0:
+    if code == _TimedOut.returncode and _slow_for_qemu_too(img):
+        pass  # e.g. a refcount block terabytes out: both grow the file
+    elif code >= 128 or code < 0:
         problems.append(("died", "%s: check -r all died (%d)" %
                          (label, code)))
     elif code == 0:

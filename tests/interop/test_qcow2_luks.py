@@ -10,6 +10,7 @@ import shutil
 import subprocess
 
 import pytest
+from conftest import cached_dir
 
 pytestmark = pytest.mark.qemu
 
@@ -41,14 +42,17 @@ def _create(qemu_img, path, extra):
 
 
 @pytest.fixture(scope="module")
-def images(tmp_path_factory):
-    """LUKS qcow2 images made once (PBKDF2 costs time), copied per test."""
-    d = tmp_path_factory.mktemp("luks")
-    made = {}
-    for i, extra in enumerate(VARIANTS):
-        made[extra] = d / ("v%d.qcow2" % i)
-        _create(shutil.which("qemu-img") or "qemu-img", made[extra], extra)
-    return made
+def images():
+    """LUKS qcow2 images made once for every worker and run (PBKDF2 costs
+    time: conftest.cached_dir), copied per test."""
+    import pathlib
+
+    def build(d):
+        for i, extra in enumerate(VARIANTS):
+            _create(shutil.which("qemu-img") or "qemu-img",
+                    pathlib.Path(d) / ("v%d.qcow2" % i), extra)
+    d = cached_dir("qcow2-luks|%r|%r" % (VARIANTS, SECRET), build)
+    return {extra: d / ("v%d.qcow2" % i) for i, extra in enumerate(VARIANTS)}
 
 
 def make(images, path, extra=""):

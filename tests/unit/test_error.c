@@ -2,6 +2,7 @@
 /* bi_error: one line, strerror text appended, first error wins, prefixes. */
 #include "blkimg/blkimg.h"
 #include "tap.h"
+#include "util/util.h"
 
 #include <errno.h>
 
@@ -60,5 +61,17 @@ int main(void)
     bi_error_set(&e, 0, "short");
     bi_error_prefix(&e, "%s", big);
     is_int(strlen(e.msg), sizeof(e.msg) - 1, "over-long prefix truncated");
+
+    bi_error_init(&e);
+    is_int(bi_error_setc(&e, -EFBIG, "L1 size too big"), -EFBIG,
+           "setc returns its code");
+    ok(!strcmp(e.msg, "L1 size too big") && e.code == -EFBIG,
+       "setc: the message as given, no strerror, the code kept");
+    bi_error_setc(&e, -EIO, "second");
+    ok(!strcmp(e.msg, "L1 size too big") && e.code == -EFBIG,
+       "setc keeps the first error");
+    bi_error_init(&e);
+    bi_error_setc(&e, 0, "no errno");
+    is_int(e.code, -EINVAL, "setc without a code: -EINVAL");
     return tap_done();
 }

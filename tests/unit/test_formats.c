@@ -73,7 +73,7 @@ int main(void)
        "raw capabilities");
     ok(bi_format_caps("file") & BI_FORMAT_PROTOCOL, "file is a protocol");
     ok(bi_format_caps("nosuch") == -ENOENT, "unknown: -ENOENT");
-    ok(bi_format_caps("vmdk") == 0, "recognised only: no capabilities");
+    ok(bi_format_caps("cloop") == 0, "recognised only: no capabilities");
     ok(bi_amend_opts("qcow2") && !bi_amend_opts("raw"), "amend tables");
 
     d = bi_runtime_opt_find("qcow2", "encrypt.key-secret");

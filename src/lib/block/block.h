@@ -75,6 +75,11 @@ struct bi_geometry {
     /* Where the VM state lives, past the guest data (qemu-io's info);
      * 0: no VM state. */
     uint64_t vm_state_offset;
+    /* Data is written compressed only, whole clusters in guest order
+     * (QEMU's needs_compressed_writes: vmdk's streamOptimized): the copy
+     * engine writes such a target as with -c, and ordinary writes go to
+     * co_pwrite_compressed. */
+    bool compressed_writes_only;
 };
 
 /* co_block_status only (never returned to callers): the data run lies on
@@ -290,6 +295,12 @@ struct bi_node {
     const struct bi_driver *drv;
     void *opaque;
     char *filename;
+    /* Protocols: the options that make QEMU name the node (and a format
+     * on it) by a json: name rather than its file name (an object with
+     * "driver", as QEMU's bdrv_refresh_filename builds it); NULL: named
+     * by filename. Owned; the format on it gets json:{"driver": FORMAT,
+     * "file": these} once its graph is open. */
+    bi_value *name_opts;
     char *backing_filename; /* as stored (formats) */
     char *backing_format;
     bi_node *file;    /* protocol child of a format node */
@@ -333,6 +344,9 @@ const struct bi_driver *bi_probe_format(const uint8_t *buf, size_t len,
 #include "format/drivers.def"
 #undef BI_DRIVER
 
+/* "json:" and v in QEMU's one-line form, members in QDict order: the
+ * name QEMU gives a node opened with options (malloc'd). */
+char *bi_json_name(const bi_value *v);
 /* Opens a protocol node on filename (used by format drivers for external
  * data files and by the generic open). */
 bi_node *bi_open_protocol(const char *filename, const struct bi_open_opts *o,
@@ -366,6 +380,13 @@ void bi_node_geometry(bi_node *n, struct bi_geometry *g);
 /* Runs fn(arg) in a fresh coroutine and waits for it (from the main
  * context: polls the loop; from a coroutine: calls fn directly). */
 int bi_run_co(int (*fn)(void *arg), void *arg);
+/* A format driver's open body run as bi_run_co runs fn: fn(n, o, err) in
+ * a coroutine (it reads through the request path); on failure cleanup(n)
+ * (may be NULL) frees what fn left. Returns fn's result. */
+int bi_run_co_open(int (*fn)(bi_node *n, const struct bi_open_opts *o,
+                             bi_error *err),
+                   void (*cleanup)(bi_node *n), bi_node *n,
+                   const struct bi_open_opts *o, bi_error *err);
 
 /* Stats helpers used by drivers. */
 static inline void bi_stats_io(bi_node *n, uint64_t rd, uint64_t wr)

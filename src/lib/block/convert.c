@@ -80,6 +80,10 @@ struct cv_state {
     uint64_t min_sparse; /* bytes */
     uint64_t align;      /* zero detection alignment, bytes */
     uint64_t cluster;    /* target cluster size (0 = none) */
+    /* clusters go compressed: -c, or a target that takes no other
+     * writes (bi_geometry.compressed_writes_only, QEMU's
+     * needs_compressed_writes) */
+    bool compress;
     uint64_t buf_size;
     bool in_order;
 
@@ -284,7 +288,7 @@ static int64_t cursor_next(struct cv_state *s, struct cv_cursor *c,
     if (*kind == CK_DATA || (!s->min_sparse && *kind == CK_ZERO)) {
         n = BI_MIN(n, s->buf_size);
     }
-    if (s->o->compress) {
+    if (s->compress) {
         if (n < s->cluster) {
             n = BI_MIN(s->cluster, s->total - c->pos);
             *kind = CK_DATA;
@@ -785,7 +789,7 @@ static int write_data(struct cv_state *s, struct chunk *ch, const uint8_t *buf)
 {
     uint64_t off = ch->off, len = ch->len;
 
-    if (s->o->compress) {
+    if (s->compress) {
         return write_compressed(s, ch, buf);
     }
     if (!s->min_sparse) {
@@ -902,7 +906,7 @@ static int do_chunk(struct cv_state *s, struct chunk *ch, uint8_t *buf,
             }
             for (uint64_t o = 0; o < ch->len && ret == 0; o += s->buf_size) {
                 uint64_t n = BI_MIN(s->buf_size, ch->len - o);
-                if (s->o->compress) {
+                if (s->compress) {
                     /* as qemu-img: zero clusters written compressed */
                     before_op(s, ch, ch->off + o + n);
                     ret = bi_co_pwrite_compressed(s->dst, ch->off + o,
@@ -974,7 +978,7 @@ static void report(struct cv_state *s, uint64_t len, bool counted)
         return;
     }
     /* -c: qemu-img's chunks are one cluster each, and so are its steps */
-    uint64_t step = s->o->compress ? s->cluster : len;
+    uint64_t step = s->compress ? s->cluster : len;
     for (uint64_t d = 0; d < len; d += step) {
         s->done += BI_MIN(step, len - d);
         s->o->progress(s->o->progress_opaque, s->done, s->alloc_total);
@@ -1156,7 +1160,7 @@ static int convert_co(void *opaque)
     while (!s->finished || s->releases) {
         bi_co_queue_wait(&s->done_q);
     }
-    if (s->ret == 0 && s->o->compress) {
+    if (s->ret == 0 && s->compress) {
         /* as qemu-img: an empty compressed write ends the file on a sector
          * boundary (compressed data ends anywhere) */
         int ret = bi_co_pwrite_compressed(s->dst, 0, NULL, 0);
@@ -1187,6 +1191,13 @@ static uint64_t node_cluster(bi_node *n)
     struct bi_geometry g;
     bi_node_geometry(n, &g);
     return g.cluster_size;
+}
+
+static bool node_compressed_only(bi_node *n)
+{
+    struct bi_geometry g;
+    bi_node_geometry(n, &g);
+    return g.compressed_writes_only;
 }
 
 /* Commit and rebase: what they take and how they differ from convert. */
@@ -1288,6 +1299,7 @@ int bi_convert(const struct bi_convert_opts *o, bi_error *err)
 
     s.min_sparse = o->min_sparse;
     s.cluster = node_cluster(o->dst);
+    s.compress = o->compress || node_compressed_only(o->dst);
     if (o->mode != BI_COPY_CONVERT) {
         ret = setup_mode(&s, err);
         if (ret < 0) {
@@ -1296,7 +1308,7 @@ int bi_convert(const struct bi_convert_opts *o, bi_error *err)
     }
     s.buf_size = o->buf_size ? o->buf_size : DEFAULT_BUF;
     s.buf_size = BI_MIN(s.buf_size, MAX_BUF);
-    if (o->compress) {
+    if (s.compress) {
         if (s.cluster == 0 || s.cluster > MAX_BUF) {
             bi_error_set(err, 0, "invalid cluster size");
             ret = -EINVAL;
@@ -1337,7 +1349,7 @@ int bi_convert(const struct bi_convert_opts *o, bi_error *err)
         }
     }
 
-    s.copy_range = o->copy_range && !o->compress && bi_node_file(o->dst) &&
+    s.copy_range = o->copy_range && !s.compress && bi_node_file(o->dst) &&
                    bi_node_file(o->dst) != o->dst && o->dst->drv->identity_map;
 
     if (!s.min_sparse) {

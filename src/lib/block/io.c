@@ -372,6 +372,21 @@ static int fmt_write(bi_node *n, uint64_t off, uint64_t len,
     return ret;
 }
 
+/* A format that takes compressed data only (bi_geometry's
+ * compressed_writes_only): an ordinary write is a compressed one, which
+ * the driver refuses unless it covers whole clusters, as QEMU's. */
+static int compressed_only_write(bi_node *n, uint64_t off, uint64_t len,
+                                 const struct iovec *iov, int iovcnt)
+{
+    void *buf = bi_blockalign(n, len);
+    if (!buf)
+        return -ENOMEM;
+    bi_iov_to_buf(iov, iovcnt, 0, buf, len);
+    int ret = bi_co_pwrite_compressed(n, off, buf, len);
+    bi_free_aligned(buf);
+    return ret;
+}
+
 /* ------------------------------------------------------------- entries */
 
 static int check_request(bi_node *n, uint64_t off, uint64_t len)
@@ -409,6 +424,10 @@ int bi_co_pwritev(bi_node *n, uint64_t off, uint64_t len,
     int ret = check_request(n, off, len);
     if (ret < 0)
         return ret;
+    struct bi_geometry g;
+    bi_node_geometry(n, &g);
+    if (g.compressed_writes_only)
+        return compressed_only_write(n, off, len, iov, iovcnt);
     return fmt_write(n, off, len, iov, iovcnt, flags);
 }
 

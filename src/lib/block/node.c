@@ -45,6 +45,7 @@ void bi_node_free(bi_node *n)
         return;
     free(n->opaque);
     free(n->filename);
+    bi_value_free(n->name_opts);
     free(n->backing_filename);
     free(n->backing_format);
     free(n);
@@ -410,21 +411,68 @@ static bi_node *open_format(const char *filename, const char *format,
     n->size = bi_align_up(n->size, SECTOR);
     default_limits(n);
     if (probed && !n->read_only && !o->quiet_probe) {
-        fprintf(stderr,
-                "WARNING: Image format was not specified for '%s' and "
-                "probing guessed raw.\n"
-                "         Automatically detecting the format is dangerous "
-                "for raw images, write operations on block 0 will be "
-                "restricted.\n"
-                "         Specify the 'raw' format explicitly to remove the "
-                "restrictions.\n",
-                filename);
+        bi_message(BI_MESSAGE_WARNING,
+                   "WARNING: Image format was not specified for '%s' and "
+                   "probing guessed raw.\n"
+                   "         Automatically detecting the format is dangerous "
+                   "for raw images, write operations on block 0 will be "
+                   "restricted.\n"
+                   "         Specify the 'raw' format explicitly to remove the "
+                   "restrictions.",
+                   filename);
     }
     if (open_backing(n, o, depth, chain, err) < 0) {
         close_graph(n);
         return NULL;
     }
+    if (file->name_opts && file != n) {
+        bi_value *v = bi_value_object();
+        bi_value_set_string(v, "driver", drv->name);
+        bi_value_set(v, "file", bi_value_copy(file->name_opts));
+        free(n->filename);
+        n->filename = bi_json_name(v);
+        bi_value_free(v);
+    }
     return n;
+}
+
+struct co_open_args {
+    int (*fn)(bi_node *n, const struct bi_open_opts *o, bi_error *err);
+    bi_node *n;
+    const struct bi_open_opts *o;
+    bi_error *err;
+};
+
+static int co_open_entry(void *arg)
+{
+    struct co_open_args *a = arg;
+    return a->fn(a->n, a->o, a->err);
+}
+
+int bi_run_co_open(int (*fn)(bi_node *n, const struct bi_open_opts *o,
+                             bi_error *err),
+                   void (*cleanup)(bi_node *n), bi_node *n,
+                   const struct bi_open_opts *o, bi_error *err)
+{
+    struct co_open_args a = {fn, n, o, err};
+    int ret = bi_run_co(co_open_entry, &a);
+    if (ret < 0 && cleanup)
+        cleanup(n);
+    return ret;
+}
+
+char *bi_json_name(const bi_value *v)
+{
+    char *s = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&s, &len);
+
+    if (!f)
+        abort();
+    fputs("json:", f);
+    bi_value_print_json(f, v, BI_VALUE_QDICT_ORDER);
+    fclose(f);
+    return s;
 }
 
 bi_node *bi_open_node(const char *filename, const char *format,

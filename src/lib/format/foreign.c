@@ -51,58 +51,6 @@ static int qed_probe(const uint8_t *buf, size_t len, const char *filename)
     return len >= 64 && bi_ld_le32(buf) == 0x00444551 ? SCORE_SURE : 0;
 }
 
-/* ----------------------------------------------------------------- vmdk */
-
-/* A line of a text descriptor that QEMU takes for its first: "version=N"
- * with N 1..3, ended by LF or CR LF. p has n bytes. */
-static bool vmdk_version_line(const uint8_t *p, size_t n)
-{
-    if (n < 10 || memcmp(p, "version=", 8) || p[8] < '1' || p[8] > '3')
-        return false;
-    return p[9] == '\n' || (n >= 11 && p[9] == '\r' && p[10] == '\n');
-}
-
-/* QEMU's heuristic for a descriptor file (monolithicFlat, twoGbMaxExtent*,
- * vmfs ...): comment lines ('#' to LF) and blank lines (one or more
- * spaces, an optional CR, LF) may come first; the first other line must
- * be a version line. An empty line (a bare LF) ends the search: not vmdk.
- * Looks at no byte beyond buf[len - 1]. */
-static bool vmdk_descriptor_text(const uint8_t *buf, size_t len)
-{
-    size_t i = 0;
-    while (i < len) {
-        if (buf[i] == '#') {
-            while (i < len && buf[i] != '\n')
-                i++;
-            i++; /* past the LF (or past the end: the loop stops) */
-        } else if (buf[i] == ' ') {
-            while (i < len && buf[i] == ' ')
-                i++;
-            if (i < len && buf[i] == '\r')
-                i++;
-            if (i == len || buf[i] != '\n')
-                return false;
-            i++;
-        } else {
-            return vmdk_version_line(buf + i, len - i);
-        }
-    }
-    return false;
-}
-
-/* Sparse extents start with "KDMV" (VMDK 4: monolithicSparse,
- * streamOptimized, twoGbMaxExtentSparse) or "COWD" (VMDK 3, vmfsSparse);
- * otherwise the file may be a text descriptor. */
-static int vmdk_probe(const uint8_t *buf, size_t len, const char *filename)
-{
-    (void)filename;
-    if (len < 4)
-        return 0;
-    if (!memcmp(buf, "KDMV", 4) || !memcmp(buf, "COWD", 4))
-        return SCORE_SURE;
-    return vmdk_descriptor_text(buf, len) ? SCORE_SURE : 0;
-}
-
 /* ----------------------------------------------------------------- vhdx */
 
 /* The file identifier "vhdxfile" at offset 0. */
@@ -110,27 +58,6 @@ static int vhdx_probe(const uint8_t *buf, size_t len, const char *filename)
 {
     (void)filename;
     return starts_with(buf, len, "vhdxfile", 8) ? SCORE_SURE : 0;
-}
-
-/* ------------------------------------------------------------ vpc (VHD) */
-
-/* The footer cookie "conectix" at offset 0: dynamic and differencing
- * VHDs keep a copy of their footer there. A fixed VHD has its footer only
- * at the end of the file, and QEMU probes it as raw: so does blkimg. */
-static int vpc_probe(const uint8_t *buf, size_t len, const char *filename)
-{
-    (void)filename;
-    return starts_with(buf, len, "conectix", 8) ? SCORE_SURE : 0;
-}
-
-/* ------------------------------------------------------------------ vdi */
-
-/* The signature 0xbeda107f (little-endian) at offset 64 of the 512-byte
- * header; the text before it is free-form. */
-static int vdi_probe(const uint8_t *buf, size_t len, const char *filename)
-{
-    (void)filename;
-    return len >= 512 && bi_ld_le32(buf + 64) == 0xbeda107f ? SCORE_SURE : 0;
 }
 
 /* ----------------------------------------------------------------- luks */
@@ -220,10 +147,7 @@ static int cloop_probe(const uint8_t *buf, size_t len, const char *filename)
 
 const struct bi_driver bi_drv_qcow = {.name = "qcow", .probe = qcow_probe};
 const struct bi_driver bi_drv_qed = {.name = "qed", .probe = qed_probe};
-const struct bi_driver bi_drv_vmdk = {.name = "vmdk", .probe = vmdk_probe};
 const struct bi_driver bi_drv_vhdx = {.name = "vhdx", .probe = vhdx_probe};
-const struct bi_driver bi_drv_vpc = {.name = "vpc", .probe = vpc_probe};
-const struct bi_driver bi_drv_vdi = {.name = "vdi", .probe = vdi_probe};
 const struct bi_driver bi_drv_luks = {.name = "luks", .probe = luks_probe};
 const struct bi_driver bi_drv_parallels = {.name = "parallels",
                                            .probe = parallels_probe};

@@ -16,9 +16,6 @@ extern const struct bi_driver bi_drv_luks;
 extern const struct bi_driver bi_drv_parallels;
 extern const struct bi_driver bi_drv_qcow;
 extern const struct bi_driver bi_drv_qed;
-extern const struct bi_driver bi_drv_vdi;
 extern const struct bi_driver bi_drv_vhdx;
-extern const struct bi_driver bi_drv_vmdk;
-extern const struct bi_driver bi_drv_vpc;
 
 #endif

@@ -70,5 +70,9 @@ void bi_fd_watch_cancel(struct bi_fd_watch *w);
  * coroutine, running the loop outside one; never from cb). Afterwards
  * the descriptor may be closed and w freed. */
 void bi_fd_watch_stop(struct bi_fd_watch *w);
+/* Whether no poll of w is armed or being cancelled: after
+ * bi_fd_watch_cancel, w may be freed once this is true (an owner that
+ * cannot wait, as in a callback, frees it later). */
+bool bi_fd_watch_idle(const struct bi_fd_watch *w);
 
 #endif

@@ -369,6 +369,11 @@ void bi_fd_watch_stop(struct bi_fd_watch *w)
     w->waiter = NULL;
 }
 
+bool bi_fd_watch_idle(const struct bi_fd_watch *w)
+{
+    return !w->armed_in && !w->armed_out;
+}
+
 /* ---------------------------------------------------------------- bi_run_co */
 
 struct run_co {

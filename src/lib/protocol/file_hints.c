@@ -41,10 +41,10 @@ int bi_file_apply_create_hints(const char *filename,
             fa.fsx_extsize = (uint32_t)h->extent_size_hint;
             if (ioctl(fd, FS_IOC_FSSETXATTR, &fa) < 0 && errno != ENOTTY &&
                 errno != EOPNOTSUPP && errno != EINVAL)
-                fprintf(stderr,
-                        "warning: Failed to set the extent size hint of "
-                        "'%s': %s\n",
-                        filename, strerror(errno));
+                bi_message(BI_MESSAGE_WARNING,
+                           "warning: Failed to set the extent size hint of "
+                           "'%s': %s",
+                           filename, strerror(errno));
         }
     }
     close(fd);

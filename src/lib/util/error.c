@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: MIT */
 /* The error object that carries one human-readable line up to the tool. */
 #include "blkimg/blkimg.h"
+#include "util/util.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -43,6 +44,20 @@ void bi_error_set(bi_error *err, int errnum, const char *fmt, ...)
     /* A message without an errno still marks the error as set; its code
      * is then the generic -EINVAL. */
     err->code = errnum > 0 ? -errnum : errnum < 0 ? errnum : -EINVAL;
+}
+
+int bi_error_setc(bi_error *err, int code, const char *fmt, ...)
+{
+    va_list ap;
+
+    if (!err || error_is_set(err)) {
+        return code;
+    }
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+    va_end(ap);
+    err->code = code < 0 ? code : -EINVAL;
+    return code;
 }
 
 void bi_error_prefix(bi_error *err, const char *fmt, ...)

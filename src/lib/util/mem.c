@@ -85,7 +85,9 @@ void bi_free_aligned(void *p)
     free(p);
 }
 
-static void out_of_memory(size_t size)
+/* The one place the library writes on its own: the line before it aborts,
+ * when there is no memory left to report anything another way. */
+void bi_out_of_memory(size_t size)
 {
     fprintf(stderr, "blkimg: out of memory allocating %zu bytes\n", size);
     abort();
@@ -96,7 +98,7 @@ void *bi_xmalloc(size_t size)
     void *p = malloc(size ? size : 1);
 
     if (!p) {
-        out_of_memory(size);
+        bi_out_of_memory(size);
     }
     return p;
 }
@@ -106,7 +108,7 @@ void *bi_xzalloc(size_t size)
     void *p = calloc(1, size ? size : 1);
 
     if (!p) {
-        out_of_memory(size);
+        bi_out_of_memory(size);
     }
     return p;
 }
@@ -130,7 +132,7 @@ char *bi_xasprintf(const char *fmt, ...)
     r = vasprintf(&p, fmt, ap);
     va_end(ap);
     if (r < 0) {
-        out_of_memory(0);
+        bi_out_of_memory(0);
     }
     return p;
 }

@@ -30,11 +30,8 @@ static void push(struct bi_optlist *l, char *key, char *value)
 {
     struct bi_opt *v = realloc(l->v, (size_t)(l->n + 1) * sizeof(*v));
 
-    if (!v) {
-        /* Same policy as bi_xmalloc: bookkeeping allocations abort. */
-        fprintf(stderr, "blkimg: out of memory\n");
-        abort();
-    }
+    if (!v)
+        bi_out_of_memory((size_t)(l->n + 1) * sizeof(*v));
     l->v = v;
     l->v[l->n].key = key;
     l->v[l->n].value = value;

@@ -51,6 +51,27 @@ static inline uint32_t bi_ld_be32(const void *p)
     memcpy(&v, p, sizeof(v));
     return be32toh(v);
 }
+static inline uint64_t bi_ld_be64(const void *p)
+{
+    uint64_t v;
+    memcpy(&v, p, sizeof(v));
+    return be64toh(v);
+}
+static inline void bi_st_be16(void *p, uint16_t v)
+{
+    v = htobe16(v);
+    memcpy(p, &v, sizeof(v));
+}
+static inline void bi_st_be32(void *p, uint32_t v)
+{
+    v = htobe32(v);
+    memcpy(p, &v, sizeof(v));
+}
+static inline void bi_st_be64(void *p, uint64_t v)
+{
+    v = htobe64(v);
+    memcpy(p, &v, sizeof(v));
+}
 static inline uint32_t bi_ld_le32(const void *p)
 {
     uint32_t v;
@@ -84,6 +105,8 @@ size_t bi_huge_page_size(void);
 void *bi_alloc_aligned(size_t align, size_t size);
 void bi_free_aligned(void *p);
 /* malloc that aborts on failure (for small fixed bookkeeping only). */
+/* Bookkeeping allocations that fail abort, saying so on stderr. */
+_Noreturn void bi_out_of_memory(size_t size);
 void *bi_xmalloc(size_t size);
 void *bi_xzalloc(size_t size);
 char *bi_xstrdup(const char *s);
@@ -101,6 +124,17 @@ int bi_parse_size(const char *s, uint64_t *out);
 int bi_parse_size_full(const char *s, uint64_t *out, bool *hex_suffix);
 /* "%0.3g <unit>B" with units "", Ki, Mi, ... (qemu's size_to_str). */
 void bi_format_size(uint64_t v, char *buf, size_t len);
+
+/* Sends a message to the program's handler (blkimg.h), if it installed
+ * one; a final newline is dropped. */
+#include "blkimg/blkimg.h"
+void bi_message(enum bi_message_kind kind, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Sets err, if not yet set, to the message (no strerror appended) with
+ * code, a negative errno, as its code: the one line a driver reports in
+ * QEMU's words. Returns code. */
+int bi_error_setc(bi_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* ---- -o option lists: "a=1,b=x,,y" (",," escapes a comma) ---- */
 struct bi_opt {

@@ -111,18 +111,18 @@ int qc_signal_corruption(bi_node *n, const char *fmt, ...)
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
     if (!s->read_only && !s->corrupt) {
-        fprintf(stderr,
-                "qcow2: Marking image as corrupt: %s; further corruption "
-                "events will be suppressed\n",
-                buf);
+        bi_message(BI_MESSAGE_WARNING,
+                   "qcow2: Marking image as corrupt: %s; further corruption "
+                   "events will be suppressed",
+                   buf);
         s->corrupt = true;
         if (s->version >= 3)
             qc_update_incompat(n, s->incompat | QCOW2_INCOMPAT_CORRUPT);
     } else if (s->read_only && !s->corrupt && !s->signaled) {
-        fprintf(stderr,
-                "qcow2: Image is corrupt: %s; further corruption "
-                "events will be suppressed\n",
-                buf);
+        bi_message(BI_MESSAGE_WARNING,
+                   "qcow2: Image is corrupt: %s; further corruption "
+                   "events will be suppressed",
+                   buf);
         s->corrupt = true;
     }
     return -EIO;
@@ -138,10 +138,10 @@ int qc_signal_corruption_nonfatal(bi_node *n, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
-    fprintf(stderr,
-            "qcow2: Image is corrupt: %s; further non-fatal corruption "
-            "events will be suppressed\n",
-            buf);
+    bi_message(BI_MESSAGE_WARNING,
+               "qcow2: Image is corrupt: %s; further non-fatal corruption "
+               "events will be suppressed",
+               buf);
     s->signaled = true;
     return -EIO;
 }
@@ -377,12 +377,6 @@ static bool has_opt(const struct bi_open_opts *o, const char *kv)
     return false;
 }
 
-struct open_args {
-    bi_node *n;
-    const struct bi_open_opts *o;
-    bi_error *err;
-};
-
 static uint64_t parse_cache_opt(const struct bi_open_opts *o, const char *key,
                                 uint64_t def)
 {
@@ -399,18 +393,12 @@ static uint64_t parse_cache_opt(const struct bi_open_opts *o, const char *key,
     return def;
 }
 
-static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
-                         bi_error *err)
+/* Open, phase 1: the fixed part of the header (into fixed, QH_V3_LENGTH
+ * bytes): magic, version, cluster size, the v3 fields. */
+static int open_fixed_header(bi_node *n, qcow2_state *s, uint8_t *fixed,
+                             bi_error *err)
 {
-    qcow2_state *s = n->opaque;
-    uint8_t *hdr = NULL;
     int ret;
-    uint8_t fixed[QH_V3_LENGTH];
-
-    s->node = n;
-    s->read_only = n->read_only;
-    bi_co_mutex_init(&s->lock);
-    bi_co_queue_init(&s->comp_wait);
     int64_t fsz = bi_getlength(n->file);
     if (fsz < 0)
         return qc_error(err, (int)fsz, "Could not read qcow2 header: %s",
@@ -419,8 +407,8 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
     if (s->file_size < QH_V2_LENGTH)
         return qc_error(err, -EINVAL, "Image is not in qcow2 format");
 
-    memset(fixed, 0, sizeof(fixed));
-    ret = bi_co_pread(n->file, 0, fixed, BI_MIN(sizeof(fixed), s->file_size));
+    memset(fixed, 0, QH_V3_LENGTH);
+    ret = bi_co_pread(n->file, 0, fixed, BI_MIN(QH_V3_LENGTH, s->file_size));
     if (ret < 0)
         return qc_error(err, ret, "Could not read qcow2 header: %s",
                         strerror(-ret));
@@ -456,7 +444,384 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
     if (s->file_size < s->header_length)
         return qc_error(err, -EINVAL, "qcow2 header exceeds the file size");
 
-    /* The whole first cluster: header, extensions, backing name. */
+    return 0;
+}
+
+/* Open, phase 3: the features the header asks for (incompatible bits,
+ * corrupt bit, refcount width, encryption, compression, extended L2) and
+ * the geometry that follows from them. */
+static int open_features(bi_node *n, qcow2_state *s,
+                         const struct bi_open_opts *o, const uint8_t *hdr,
+                         bi_error *err)
+{
+    int ret;
+    if (s->incompat & ~QCOW2_INCOMPAT_KNOWN) {
+        return report_unsupported(s, s->incompat & ~QCOW2_INCOMPAT_KNOWN, err);
+    }
+    if ((s->incompat & QCOW2_INCOMPAT_CORRUPT) && !n->read_only &&
+        !s->check_mode) {
+        return qc_error(err, -EACCES,
+                        "qcow2: Image is corrupt; cannot be opened read/write");
+    }
+    s->corrupt = (s->incompat & QCOW2_INCOMPAT_CORRUPT) != 0;
+    if (s->refcount_order > 6) {
+        return qc_error(err, -EINVAL,
+                        "Reference count entry width too large; "
+                        "may not exceed 64 bits");
+    }
+    s->refcount_bits = 1u << s->refcount_order;
+    s->refcount_max =
+        s->refcount_bits == 64 ? UINT64_MAX : (1ULL << s->refcount_bits) - 1;
+    s->rb_bits = s->cluster_bits + 3 - s->refcount_order;
+
+    s->crypt_method = qc_get32(hdr + QH_CRYPT);
+    if (s->crypt_method > 2) {
+        return qc_error(err, -EINVAL, "Unsupported encryption method: %u",
+                        s->crypt_method);
+    }
+    /* Encrypted images: no key handling here. A metadata-only open (info)
+     * shows them as qemu-img info does (LUKS: the header parsed); anything
+     * touching data is refused. */
+    if (s->crypt_method && (!o->metadata_only || o->read_write)) {
+        return qc_error(err, -ENOTSUP,
+                        "Encrypted qcow2 images (%s) are not supported",
+                        s->crypt_method == 1 ? "aes" : "luks");
+    }
+    if (s->crypt_method == 2) {
+        ret = read_luks_header(n, s, err);
+        if (ret < 0)
+            return ret;
+    }
+
+    if (s->incompat & QCOW2_INCOMPAT_COMPRESSION) {
+        if (s->header_length <= QH_COMPRESSION_TYPE ||
+            s->compression_type == 0) {
+            return qc_error(err, -EINVAL,
+                            "qcow2: Compression type incompatible feature bit "
+                            "must not be set with zlib compression type");
+        }
+    } else if (s->compression_type != 0) {
+        return qc_error(err, -EINVAL,
+                        "qcow2: Invalid compression type: incompatible feature "
+                        "bit is not set");
+    }
+    if (s->compression_type > 1) {
+        return qc_error(err, -ENOTSUP, "qcow2: unknown compression type: %u",
+                        s->compression_type);
+    }
+
+    s->ext_l2 = (s->incompat & QCOW2_INCOMPAT_EXTL2) != 0;
+    if (s->ext_l2 && s->cluster_bits < 14) {
+        return qc_error(err, -EINVAL,
+                        "Extended L2 entries are only supported with cluster "
+                        "sizes of at least 16384 bytes");
+    }
+    s->l2_entry_size = s->ext_l2 ? 16 : 8;
+    s->l2_bits = s->cluster_bits - (s->ext_l2 ? 4 : 3);
+    s->l2_entries = 1ULL << s->l2_bits;
+    s->sc_per_cluster = s->ext_l2 ? 32 : 1;
+    s->subcluster_bits = s->cluster_bits - (s->ext_l2 ? 5 : 0);
+    s->subcluster_size = 1ULL << s->subcluster_bits;
+    s->csize_shift = 62 - (s->cluster_bits - 8);
+    s->csize_mask = (1ULL << (s->cluster_bits - 8)) - 1;
+    s->cluster_offset_mask = (1ULL << s->csize_shift) - 1;
+
+    return 0;
+}
+
+/* Open, phase 4: an external raw data file's bit and the backing file
+ * name stored at backing_off in the first cluster hdr. */
+static int open_backing_name(qcow2_state *s, const uint8_t *hdr,
+                             uint64_t backing_off, uint32_t backing_len,
+                             bi_error *err)
+{
+    int ret;
+    /* data file */
+    if (s->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW) {
+        if (!qc_has_data_file(s)) {
+            return qc_error(err, -EINVAL, "data-file-raw requires a data file");
+        }
+        s->data_file_raw = true;
+    }
+
+    /* backing file (an empty name is none, as in QEMU) */
+    if (backing_off && backing_len) {
+        if (backing_len > QCOW2_MAX_BACKING_NAME) {
+            return qc_error(err, -EINVAL, "Backing file name too long");
+        }
+        if (backing_len > s->cluster_size - backing_off) {
+            return qc_error(err, -EINVAL, "Invalid backing file offset");
+        }
+        if (memchr(hdr + backing_off, 0, backing_len)) {
+            return qc_error(err, -EINVAL,
+                            "Backing file name contains a NUL byte");
+        }
+        if (s->data_file_raw) {
+            return qc_error(err, -EINVAL,
+                            "data-file-raw cannot be used with a "
+                            "backing file");
+        }
+        s->backing_file = dup_str(hdr + backing_off, backing_len);
+        if (!s->backing_file) {
+            return -ENOMEM;
+        }
+        ret = check_plain_name("Backing file", s->backing_file, err);
+        if (ret < 0)
+            return ret;
+    }
+
+    return 0;
+}
+
+/* Open, phase 5: the size and the tables' places and sizes, each checked
+ * before anything is read from them. */
+static int open_table_geometry(bi_node *n, qcow2_state *s, const uint8_t *hdr,
+                               bi_error *err)
+{
+    uint64_t size = qc_get64(hdr + QH_SIZE);
+    s->l1_size = qc_get32(hdr + QH_L1_SIZE);
+    s->l1_table_offset = qc_get64(hdr + QH_L1_OFFSET);
+    s->refcount_table_offset = qc_get64(hdr + QH_RT_OFFSET);
+    s->refcount_table_clusters = qc_get32(hdr + QH_RT_CLUSTERS);
+    s->nb_snapshots = qc_get32(hdr + QH_NB_SNAPSHOTS);
+    s->snapshots_offset = qc_get64(hdr + QH_SNAPSHOTS_OFFSET);
+
+    if (size > INT64_MAX) {
+        return qc_error(err, -EFBIG, "Image size too large");
+    }
+    if ((uint64_t)s->refcount_table_clusters >
+        QCOW2_MAX_REFTABLE_BYTES / s->cluster_size) {
+        return qc_error(err, -EINVAL, "Reference count table too large");
+    }
+    if (s->refcount_table_clusters == 0) {
+        return qc_error(err, -EINVAL,
+                        "Image does not contain a reference count "
+                        "table");
+    }
+    s->refcount_table_size =
+        ((uint64_t)s->refcount_table_clusters << s->cluster_bits) / 8;
+    if (!table_ok(s, s->refcount_table_offset,
+                  (uint64_t)s->refcount_table_clusters << s->cluster_bits)) {
+        return qc_error(err, -EINVAL, "Invalid reference count table offset");
+    }
+    if (s->nb_snapshots > QCOW2_MAX_SNAPSHOTS) {
+        return qc_error(err, -EINVAL, "Too many snapshots");
+    }
+    if (s->nb_snapshots && !table_ok(s, s->snapshots_offset, 40)) {
+        return qc_error(err, -EINVAL, "Invalid snapshot table offset");
+    }
+    if ((uint64_t)s->l1_size > QCOW2_MAX_L1_BYTES / 8) {
+        return qc_error(err, -EFBIG, "Active L1 table too large");
+    }
+    {
+        /* guest clusters covered by one L1 entry = l2_entries */
+        uint64_t l1_bits = s->l2_bits + s->cluster_bits;
+        uint64_t need =
+            l1_bits >= 64 ? 1 : (size + (1ULL << l1_bits) - 1) >> l1_bits;
+        if (need > s->l1_size) {
+            return qc_error(err, -EINVAL, "L1 table is too small");
+        }
+    }
+    if (s->l1_size &&
+        !table_ok(s, s->l1_table_offset, (uint64_t)s->l1_size * 8)) {
+        return qc_error(err, -EINVAL, "Invalid L1 table offset");
+    }
+    n->size = size;
+
+    return 0;
+}
+
+/* Open, phase 6: the L1 and refcount tables, snapshots and bitmaps read. */
+static int open_load_tables(bi_node *n, qcow2_state *s, bi_error *err)
+{
+    int ret;
+    /* L1 table */
+    s->l1_alloc = s->l1_size ? s->l1_size : 1;
+    s->l1_table = calloc(s->l1_alloc, 8);
+    if (!s->l1_table) {
+        return -ENOMEM;
+    }
+    if (s->l1_size) {
+        ret = bi_co_pread(n->file, s->l1_table_offset, s->l1_table,
+                          (uint64_t)s->l1_size * 8);
+        if (ret < 0) {
+            return qc_error(err, ret, "Could not read L1 table: %s",
+                            strerror(-ret));
+        }
+        for (uint32_t i = 0; i < s->l1_size; i++)
+            s->l1_table[i] = be64toh(s->l1_table[i]);
+    }
+
+    /* refcount table */
+    s->refcount_table = calloc(s->refcount_table_size, 8);
+    if (!s->refcount_table) {
+        return -ENOMEM;
+    }
+    ret = bi_co_pread(n->file, s->refcount_table_offset, s->refcount_table,
+                      s->refcount_table_size * 8);
+    if (ret < 0) {
+        return qc_error(err, ret, "Could not read refcount table: %s",
+                        strerror(-ret));
+    }
+    for (uint64_t i = 0; i < s->refcount_table_size; i++)
+        s->refcount_table[i] = be64toh(s->refcount_table[i]);
+
+    /* snapshots */
+    ret = qc_read_snapshots(n, err);
+    if (ret < 0)
+        return ret;
+    /* persistent bitmaps: only a consistent extension counts */
+    if (s->has_bitmaps && (s->autoclear & QCOW2_AUTOCLEAR_BITMAPS)) {
+        ret = qc_bitmaps_open(n, !n->read_only && !s->check_mode, err);
+        if (ret < 0)
+            return ret;
+        ret = qc_read_bitmaps(n, err);
+        if (ret < 0)
+            return ret;
+    }
+
+    return 0;
+}
+
+/* Open, phase 7: the metadata caches, sized from the runtime options. */
+static int open_caches(qcow2_state *s, const struct bi_open_opts *o)
+{
+    /* caches: 8 MiB of L2 by default (64 GiB of guest at 64 KiB) */
+    {
+        uint64_t l2_bytes = parse_cache_opt(o, "l2-cache-size", 8ULL << 20);
+        uint64_t rb_bytes =
+            parse_cache_opt(o, "refcount-cache-size", 1ULL << 20);
+        uint64_t l2n = l2_bytes >> s->cluster_bits;
+        uint64_t rbn = rb_bytes >> s->cluster_bits;
+        if (l2n < 16)
+            l2n = 16;
+        if (rbn < 16)
+            rbn = 16;
+        if (l2n > 65536)
+            l2n = 65536;
+        if (rbn > 65536)
+            rbn = 65536;
+        if (qc_cache_init(&s->l2_cache, "L2", (int)l2n) < 0 ||
+            qc_cache_init(&s->rb_cache, "refcount", (int)rbn) < 0) {
+            return -ENOMEM;
+        }
+    }
+
+    return 0;
+}
+
+/* Open, phase 8: the external data file, if the image has one. */
+static int open_data_file(bi_node *n, qcow2_state *s,
+                          const struct bi_open_opts *o, bi_error *err)
+{
+    int ret;
+    /* external data file */
+    if (qc_has_data_file(s)) {
+        const char *dname = s->data_file_name;
+        if (o && o->driver_opts) {
+            for (const char *const *p = o->driver_opts; *p; p++)
+                if (!strncmp(*p, "data-file=", 10))
+                    dname = *p + 10;
+        }
+        if (!dname) {
+            return qc_error(err, -EINVAL, "Missing data_file option");
+        }
+        ret = check_plain_name("Data file", dname, err);
+        if (ret < 0)
+            return ret;
+        /* relative to the image's directory; QEMU takes it relative to
+         * the working directory: that is tried second */
+        char *path = dirname_join(n->filename, dname);
+        if (access(path, F_OK) != 0 && access(dname, F_OK) == 0) {
+            free(path);
+            path = bi_xstrdup(dname);
+        }
+        struct bi_open_opts dopts;
+        bi_open_opts_init(&dopts);
+        if (o)
+            dopts = *o;
+        dopts.format = NULL;
+        dopts.protocol_opts = NULL; /* the data file is local */
+        dopts.read_write = !n->read_only;
+        s->data_file = bi_open_protocol(path, &dopts, err);
+        free(path);
+        if (!s->data_file) {
+            return err && err->code ? err->code : -EIO;
+        }
+        s->data_file->parent = n;
+    } else if (s->data_file_name) {
+        return qc_error(err, -EINVAL,
+                        "'data-file' can only be set for images "
+                        "with an external data file");
+    }
+
+    return 0;
+}
+
+/* Open, phase 9: the node learns its backing file; refcounts set up; a
+ * writable image is repaired if left dirty and readied for writes. */
+static int open_finish(bi_node *n, qcow2_state *s, bi_error *err)
+{
+    int ret;
+    if (s->backing_file) {
+        free(n->backing_filename);
+        n->backing_filename = bi_xstrdup(s->backing_file);
+        free(n->backing_format);
+        n->backing_format =
+            s->backing_format ? bi_xstrdup(s->backing_format) : NULL;
+    }
+
+    ret = qc_refcount_init(n);
+    if (ret < 0)
+        return ret;
+
+    if (!n->read_only) {
+        if ((s->incompat & QCOW2_INCOMPAT_DIRTY) && !s->check_mode) {
+            struct bi_check_result *res = NULL;
+            ret = qcow2_check_image(n, res, BI_CHECK_FIX_ALL, err);
+            if (ret < 0) {
+                if (!err || !err->msg[0])
+                    return qc_error(err, ret,
+                                    "Could not repair dirty image: %s",
+                                    strerror(-ret));
+            }
+            ret = qc_update_incompat(n, s->incompat & ~QCOW2_INCOMPAT_DIRTY);
+            if (ret < 0)
+                return ret;
+        }
+        /* Unknown autoclear bits are cleared before the first write, the
+         * bitmaps bit too unless qcow2_bitmap.c keeps the bitmaps. */
+        uint64_t keep = s->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW;
+        if (qc_bitmaps_kept(s))
+            keep |= s->autoclear & QCOW2_AUTOCLEAR_BITMAPS;
+        s->autoclear_pending = s->version >= 3 && keep != s->autoclear;
+        /* O_DIRECT writes into new clusters: the file grows ahead */
+        s->ahead_on = !s->check_mode && !qc_has_data_file(s) &&
+                      bi_cache_is_direct(n->file->cache);
+        s->ahead_open_len = s->ahead_end = s->file_size;
+    }
+    return 0;
+}
+
+/* Opens the image in phases, each checking what it reads before use. */
+static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
+                         bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    uint8_t *hdr = NULL;
+    int ret;
+    uint8_t fixed[QH_V3_LENGTH];
+
+    s->node = n;
+    s->read_only = n->read_only;
+    s->check_mode = has_opt(o, "x-check=on");
+    bi_co_mutex_init(&s->lock);
+    bi_co_queue_init(&s->comp_wait);
+    ret = open_fixed_header(n, s, fixed, err);
+    if (ret < 0)
+        return ret;
+
+    /* phase 2: the whole first cluster: header, extensions, backing name */
     uint64_t hlen = BI_MIN(s->cluster_size, s->file_size);
     hdr = bi_blockalign(n->file, s->cluster_size);
     if (!hdr)
@@ -481,337 +846,19 @@ static int qcow2_do_open(bi_node *n, const struct bi_open_opts *o,
             goto out;
     }
 
-    if (s->incompat & ~QCOW2_INCOMPAT_KNOWN) {
-        ret = report_unsupported(s, s->incompat & ~QCOW2_INCOMPAT_KNOWN, err);
-        goto out;
-    }
-    bool check_mode = has_opt(o, "x-check=on");
-    s->check_mode = check_mode;
-    if ((s->incompat & QCOW2_INCOMPAT_CORRUPT) && !n->read_only &&
-        !check_mode) {
-        ret = qc_error(err, -EACCES,
-                       "qcow2: Image is corrupt; cannot be opened read/write");
-        goto out;
-    }
-    s->corrupt = (s->incompat & QCOW2_INCOMPAT_CORRUPT) != 0;
-    if (s->refcount_order > 6) {
-        ret = qc_error(err, -EINVAL,
-                       "Reference count entry width too large; "
-                       "may not exceed 64 bits");
-        goto out;
-    }
-    s->refcount_bits = 1u << s->refcount_order;
-    s->refcount_max =
-        s->refcount_bits == 64 ? UINT64_MAX : (1ULL << s->refcount_bits) - 1;
-    s->rb_bits = s->cluster_bits + 3 - s->refcount_order;
-
-    s->crypt_method = qc_get32(hdr + QH_CRYPT);
-    if (s->crypt_method > 2) {
-        ret = qc_error(err, -EINVAL, "Unsupported encryption method: %u",
-                       s->crypt_method);
-        goto out;
-    }
-    /* Encrypted images: no key handling here. A metadata-only open (info)
-     * shows them as qemu-img info does (LUKS: the header parsed); anything
-     * touching data is refused. */
-    if (s->crypt_method && (!o->metadata_only || o->read_write)) {
-        ret = qc_error(err, -ENOTSUP,
-                       "Encrypted qcow2 images (%s) are not supported",
-                       s->crypt_method == 1 ? "aes" : "luks");
-        goto out;
-    }
-    if (s->crypt_method == 2) {
-        ret = read_luks_header(n, s, err);
-        if (ret < 0)
-            goto out;
-    }
-
-    if (s->incompat & QCOW2_INCOMPAT_COMPRESSION) {
-        if (s->header_length <= QH_COMPRESSION_TYPE ||
-            s->compression_type == 0) {
-            ret = qc_error(err, -EINVAL,
-                           "qcow2: Compression type incompatible feature bit "
-                           "must not be set with zlib compression type");
-            goto out;
-        }
-    } else if (s->compression_type != 0) {
-        ret = qc_error(err, -EINVAL,
-                       "qcow2: Invalid compression type: incompatible feature "
-                       "bit is not set");
-        goto out;
-    }
-    if (s->compression_type > 1) {
-        ret = qc_error(err, -ENOTSUP, "qcow2: unknown compression type: %u",
-                       s->compression_type);
-        goto out;
-    }
-
-    s->ext_l2 = (s->incompat & QCOW2_INCOMPAT_EXTL2) != 0;
-    if (s->ext_l2 && s->cluster_bits < 14) {
-        ret = qc_error(err, -EINVAL,
-                       "Extended L2 entries are only supported with cluster "
-                       "sizes of at least 16384 bytes");
-        goto out;
-    }
-    s->l2_entry_size = s->ext_l2 ? 16 : 8;
-    s->l2_bits = s->cluster_bits - (s->ext_l2 ? 4 : 3);
-    s->l2_entries = 1ULL << s->l2_bits;
-    s->sc_per_cluster = s->ext_l2 ? 32 : 1;
-    s->subcluster_bits = s->cluster_bits - (s->ext_l2 ? 5 : 0);
-    s->subcluster_size = 1ULL << s->subcluster_bits;
-    s->csize_shift = 62 - (s->cluster_bits - 8);
-    s->csize_mask = (1ULL << (s->cluster_bits - 8)) - 1;
-    s->cluster_offset_mask = (1ULL << s->csize_shift) - 1;
-
-    /* data file */
-    if (s->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW) {
-        if (!qc_has_data_file(s)) {
-            ret = qc_error(err, -EINVAL, "data-file-raw requires a data file");
-            goto out;
-        }
-        s->data_file_raw = true;
-    }
-
-    /* backing file (an empty name is none, as in QEMU) */
-    if (backing_off && backing_len) {
-        if (backing_len > QCOW2_MAX_BACKING_NAME) {
-            ret = qc_error(err, -EINVAL, "Backing file name too long");
-            goto out;
-        }
-        if (backing_len > s->cluster_size - backing_off) {
-            ret = qc_error(err, -EINVAL, "Invalid backing file offset");
-            goto out;
-        }
-        if (memchr(hdr + backing_off, 0, backing_len)) {
-            ret =
-                qc_error(err, -EINVAL, "Backing file name contains a NUL byte");
-            goto out;
-        }
-        if (s->data_file_raw) {
-            ret = qc_error(err, -EINVAL,
-                           "data-file-raw cannot be used with a "
-                           "backing file");
-            goto out;
-        }
-        s->backing_file = dup_str(hdr + backing_off, backing_len);
-        if (!s->backing_file) {
-            ret = -ENOMEM;
-            goto out;
-        }
-        ret = check_plain_name("Backing file", s->backing_file, err);
-        if (ret < 0)
-            goto out;
-    }
-
-    uint64_t size = qc_get64(hdr + QH_SIZE);
-    s->l1_size = qc_get32(hdr + QH_L1_SIZE);
-    s->l1_table_offset = qc_get64(hdr + QH_L1_OFFSET);
-    s->refcount_table_offset = qc_get64(hdr + QH_RT_OFFSET);
-    s->refcount_table_clusters = qc_get32(hdr + QH_RT_CLUSTERS);
-    s->nb_snapshots = qc_get32(hdr + QH_NB_SNAPSHOTS);
-    s->snapshots_offset = qc_get64(hdr + QH_SNAPSHOTS_OFFSET);
-
-    if (size > INT64_MAX) {
-        ret = qc_error(err, -EFBIG, "Image size too large");
-        goto out;
-    }
-    if ((uint64_t)s->refcount_table_clusters >
-        QCOW2_MAX_REFTABLE_BYTES / s->cluster_size) {
-        ret = qc_error(err, -EINVAL, "Reference count table too large");
-        goto out;
-    }
-    if (s->refcount_table_clusters == 0) {
-        ret = qc_error(err, -EINVAL,
-                       "Image does not contain a reference count "
-                       "table");
-        goto out;
-    }
-    s->refcount_table_size =
-        ((uint64_t)s->refcount_table_clusters << s->cluster_bits) / 8;
-    if (!table_ok(s, s->refcount_table_offset,
-                  (uint64_t)s->refcount_table_clusters << s->cluster_bits)) {
-        ret = qc_error(err, -EINVAL, "Invalid reference count table offset");
-        goto out;
-    }
-    if (s->nb_snapshots > QCOW2_MAX_SNAPSHOTS) {
-        ret = qc_error(err, -EINVAL, "Too many snapshots");
-        goto out;
-    }
-    if (s->nb_snapshots && !table_ok(s, s->snapshots_offset, 40)) {
-        ret = qc_error(err, -EINVAL, "Invalid snapshot table offset");
-        goto out;
-    }
-    if ((uint64_t)s->l1_size > QCOW2_MAX_L1_BYTES / 8) {
-        ret = qc_error(err, -EFBIG, "Active L1 table too large");
-        goto out;
-    }
-    {
-        /* guest clusters covered by one L1 entry = l2_entries */
-        uint64_t l1_bits = s->l2_bits + s->cluster_bits;
-        uint64_t need =
-            l1_bits >= 64 ? 1 : (size + (1ULL << l1_bits) - 1) >> l1_bits;
-        if (need > s->l1_size) {
-            ret = qc_error(err, -EINVAL, "L1 table is too small");
-            goto out;
-        }
-    }
-    if (s->l1_size &&
-        !table_ok(s, s->l1_table_offset, (uint64_t)s->l1_size * 8)) {
-        ret = qc_error(err, -EINVAL, "Invalid L1 table offset");
-        goto out;
-    }
-    n->size = size;
-
-    /* L1 table */
-    s->l1_alloc = s->l1_size ? s->l1_size : 1;
-    s->l1_table = calloc(s->l1_alloc, 8);
-    if (!s->l1_table) {
-        ret = -ENOMEM;
-        goto out;
-    }
-    if (s->l1_size) {
-        ret = bi_co_pread(n->file, s->l1_table_offset, s->l1_table,
-                          (uint64_t)s->l1_size * 8);
-        if (ret < 0) {
-            qc_error(err, ret, "Could not read L1 table: %s", strerror(-ret));
-            goto out;
-        }
-        for (uint32_t i = 0; i < s->l1_size; i++)
-            s->l1_table[i] = be64toh(s->l1_table[i]);
-    }
-
-    /* refcount table */
-    s->refcount_table = calloc(s->refcount_table_size, 8);
-    if (!s->refcount_table) {
-        ret = -ENOMEM;
-        goto out;
-    }
-    ret = bi_co_pread(n->file, s->refcount_table_offset, s->refcount_table,
-                      s->refcount_table_size * 8);
-    if (ret < 0) {
-        qc_error(err, ret, "Could not read refcount table: %s", strerror(-ret));
-        goto out;
-    }
-    for (uint64_t i = 0; i < s->refcount_table_size; i++)
-        s->refcount_table[i] = be64toh(s->refcount_table[i]);
-
-    /* snapshots */
-    ret = qc_read_snapshots(n, err);
-    if (ret < 0)
-        goto out;
-    /* persistent bitmaps: only a consistent extension counts */
-    if (s->has_bitmaps && (s->autoclear & QCOW2_AUTOCLEAR_BITMAPS)) {
-        ret = qc_bitmaps_open(n, !n->read_only && !check_mode, err);
-        if (ret < 0)
-            goto out;
-        ret = qc_read_bitmaps(n, err);
-        if (ret < 0)
-            goto out;
-    }
-
-    /* caches: 8 MiB of L2 by default (64 GiB of guest at 64 KiB) */
-    {
-        uint64_t l2_bytes = parse_cache_opt(o, "l2-cache-size", 8ULL << 20);
-        uint64_t rb_bytes =
-            parse_cache_opt(o, "refcount-cache-size", 1ULL << 20);
-        uint64_t l2n = l2_bytes >> s->cluster_bits;
-        uint64_t rbn = rb_bytes >> s->cluster_bits;
-        if (l2n < 16)
-            l2n = 16;
-        if (rbn < 16)
-            rbn = 16;
-        if (l2n > 65536)
-            l2n = 65536;
-        if (rbn > 65536)
-            rbn = 65536;
-        if (qc_cache_init(&s->l2_cache, "L2", (int)l2n) < 0 ||
-            qc_cache_init(&s->rb_cache, "refcount", (int)rbn) < 0) {
-            ret = -ENOMEM;
-            goto out;
-        }
-    }
-
-    /* external data file */
-    if (qc_has_data_file(s)) {
-        const char *dname = s->data_file_name;
-        if (o && o->driver_opts) {
-            for (const char *const *p = o->driver_opts; *p; p++)
-                if (!strncmp(*p, "data-file=", 10))
-                    dname = *p + 10;
-        }
-        if (!dname) {
-            ret = qc_error(err, -EINVAL, "Missing data_file option");
-            goto out;
-        }
-        ret = check_plain_name("Data file", dname, err);
-        if (ret < 0)
-            goto out;
-        /* relative to the image's directory; QEMU takes it relative to
-         * the working directory: that is tried second */
-        char *path = dirname_join(n->filename, dname);
-        if (access(path, F_OK) != 0 && access(dname, F_OK) == 0) {
-            free(path);
-            path = bi_xstrdup(dname);
-        }
-        struct bi_open_opts dopts;
-        bi_open_opts_init(&dopts);
-        if (o)
-            dopts = *o;
-        dopts.format = NULL;
-        dopts.protocol_opts = NULL; /* the data file is local */
-        dopts.read_write = !n->read_only;
-        s->data_file = bi_open_protocol(path, &dopts, err);
-        free(path);
-        if (!s->data_file) {
-            ret = err && err->code ? err->code : -EIO;
-            goto out;
-        }
-        s->data_file->parent = n;
-    } else if (s->data_file_name) {
-        ret = qc_error(err, -EINVAL,
-                       "'data-file' can only be set for images "
-                       "with an external data file");
-        goto out;
-    }
-
-    if (s->backing_file) {
-        free(n->backing_filename);
-        n->backing_filename = bi_xstrdup(s->backing_file);
-        free(n->backing_format);
-        n->backing_format =
-            s->backing_format ? bi_xstrdup(s->backing_format) : NULL;
-    }
-
-    ret = qc_refcount_init(n);
-    if (ret < 0)
-        goto out;
-
-    if (!n->read_only) {
-        if ((s->incompat & QCOW2_INCOMPAT_DIRTY) && !check_mode) {
-            struct bi_check_result *res = NULL;
-            ret = qcow2_check_image(n, res, BI_CHECK_FIX_ALL, err);
-            if (ret < 0) {
-                if (!err || !err->msg[0])
-                    qc_error(err, ret, "Could not repair dirty image: %s",
-                             strerror(-ret));
-                goto out;
-            }
-            ret = qc_update_incompat(n, s->incompat & ~QCOW2_INCOMPAT_DIRTY);
-            if (ret < 0)
-                goto out;
-        }
-        /* Unknown autoclear bits are cleared before the first write, the
-         * bitmaps bit too unless qcow2_bitmap.c keeps the bitmaps. */
-        uint64_t keep = s->autoclear & QCOW2_AUTOCLEAR_DATA_FILE_RAW;
-        if (qc_bitmaps_kept(s))
-            keep |= s->autoclear & QCOW2_AUTOCLEAR_BITMAPS;
-        s->autoclear_pending = s->version >= 3 && keep != s->autoclear;
-        /* O_DIRECT writes into new clusters: the file grows ahead */
-        s->ahead_on = !check_mode && !qc_has_data_file(s) &&
-                      bi_cache_is_direct(n->file->cache);
-        s->ahead_open_len = s->ahead_end = s->file_size;
-    }
-    ret = 0;
+    ret = open_features(n, s, o, hdr, err);
+    if (ret == 0)
+        ret = open_backing_name(s, hdr, backing_off, backing_len, err);
+    if (ret == 0)
+        ret = open_table_geometry(n, s, hdr, err);
+    if (ret == 0)
+        ret = open_load_tables(n, s, err);
+    if (ret == 0)
+        ret = open_caches(s, o);
+    if (ret == 0)
+        ret = open_data_file(n, s, o, err);
+    if (ret == 0)
+        ret = open_finish(n, s, err);
 out:
     bi_free_aligned(hdr);
     if (ret < 0 && err && !err->msg[0])
@@ -850,19 +897,9 @@ static void qcow2_free_state(bi_node *n)
     }
 }
 
-static int open_co(void *arg)
-{
-    struct open_args *a = arg;
-    return qcow2_do_open(a->n, a->o, a->err);
-}
-
 static int qcow2_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
 {
-    struct open_args a = {n, o, err};
-    int ret = bi_run_co(open_co, &a);
-    if (ret < 0)
-        qcow2_free_state(n);
-    return ret;
+    return bi_run_co_open(qcow2_do_open, qcow2_free_state, n, o, err);
 }
 
 static int close_co(void *arg)

@@ -246,7 +246,8 @@ typedef struct qcow2_state {
     uint64_t free_byte_offset;   /* compressed packing, 0 = none */
     struct qcow2_free_range *pending_free;
     int n_pending_free, pending_free_alloc;
-    bool rb_written_unflushed; /* refcount blocks written, no flush yet */
+    uint64_t pending_free_bytes; /* what the pending ranges hold */
+    bool rb_written_unflushed;   /* refcount blocks written, no flush yet */
 
     bool corrupt;
     bool signaled; /* a non-fatal corruption event was reported */
@@ -348,6 +349,14 @@ int64_t qc_alloc_bytes(bi_node *n, uint64_t size);
 void qc_defer_free(bi_node *n, uint64_t offset, uint64_t len);
 void qc_free_l2_entry_clusters(bi_node *n, uint64_t entry);
 int qc_apply_pending_frees(bi_node *n);
+/* Before an allocation of nb clusters: when the clusters waiting to be
+ * freed would hold it (and are at least QC_RECLAIM_MIN bytes), the
+ * metadata goes to disk and they are freed now, so the allocation reuses
+ * them instead of growing the file (as QEMU reuses freed clusters). The
+ * L2 tables that dropped the references are on disk before the clusters
+ * can be handed out again. 0 or -errno. */
+int qc_reclaim_freed(bi_node *n, uint64_t nb);
+#define QC_RECLAIM_MIN (4ULL << 20)
 /* Flushes everything in the right order (refcounts, L2, frees). */
 int qc_flush_metadata(bi_node *n);
 /* Checks that [offset, offset+len) on n->file overlaps no metadata; on

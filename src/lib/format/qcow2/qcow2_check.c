@@ -94,11 +94,11 @@ static int ck_inc(struct ck *c, uint64_t off, uint64_t size)
     if (size == 0)
         return 0;
     if (off + size >= c->file_len + s->cluster_size || off + size < off) {
-        fprintf(stderr,
-                "ERROR: counting reference for region exceeding the end of "
-                "the file by one cluster or more: offset 0x%" PRIx64
-                " size 0x%" PRIx64 "\n",
-                off, size);
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR: counting reference for region exceeding the end of "
+                   "the file by one cluster or more: offset 0x%" PRIx64
+                   " size 0x%" PRIx64 "",
+                   off, size);
         c->res->corruptions++;
         return 0;
     }
@@ -111,12 +111,14 @@ static int ck_inc(struct ck *c, uint64_t off, uint64_t size)
     }
     for (uint64_t k = first; k <= last; k++) {
         if (c->ref[k] >= c->ref_max) {
-            fprintf(stderr, "ERROR: overflow cluster offset=0x%" PRIx64 "\n",
-                    k << s->cluster_bits);
-            fprintf(stderr, "Use qemu-img amend to increase the refcount "
-                            "entry width or qemu-img convert to create a "
-                            "clean copy if the image cannot be opened for "
-                            "writing\n");
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR: overflow cluster offset=0x%" PRIx64 "",
+                       k << s->cluster_bits);
+            bi_message(BI_MESSAGE_CHECK,
+                       "Use qemu-img amend to increase the refcount "
+                       "entry width or qemu-img convert to create a "
+                       "clean copy if the image cannot be opened for "
+                       "writing");
             c->res->corruptions++;
             continue;
         }
@@ -145,8 +147,9 @@ static int ck_fix_l2_by_zero(struct ck *c, uint64_t l2_off, uint64_t idx)
     if (ret == 0)
         ret = bi_co_flush(c->n->file);
     if (ret < 0) {
-        fprintf(stderr, "ERROR: Failed to overwrite L2 table entry: %s\n",
-                strerror(-ret));
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR: Failed to overwrite L2 table entry: %s",
+                   strerror(-ret));
         c->res->check_errors++;
         return ret;
     }
@@ -162,26 +165,27 @@ static int ck_l2_compressed(struct ck *c, uint64_t i, uint64_t e, uint64_t b,
 {
     qcow2_state *s = c->s;
     if (e & QCOW_OFLAG_COPIED) {
-        fprintf(stderr,
-                "ERROR: coffset=0x%" PRIx64 ": copied flag must never be set "
-                "for compressed clusters\n",
-                e & s->cluster_offset_mask);
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR: coffset=0x%" PRIx64
+                   ": copied flag must never be set "
+                   "for compressed clusters",
+                   e & s->cluster_offset_mask);
         e &= ~QCOW_OFLAG_COPIED;
         c->res->corruptions++;
     }
     if (qc_has_data_file(s)) {
-        fprintf(stderr,
-                "ERROR compressed cluster %d with data file, entry=0x%" PRIx64
-                "\n",
-                (int)i, e);
+        bi_message(
+            BI_MESSAGE_CHECK,
+            "ERROR compressed cluster %d with data file, entry=0x%" PRIx64 "",
+            (int)i, e);
         c->res->corruptions++;
         return 0;
     }
     if (b) {
-        fprintf(stderr,
-                "ERROR compressed cluster %d with non-zero subcluster "
-                "allocation bitmap, entry=0x%" PRIx64 "\n",
-                (int)i, e);
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR compressed cluster %d with non-zero subcluster "
+                   "allocation bitmap, entry=0x%" PRIx64 "",
+                   (int)i, e);
         c->res->corruptions++;
         return 0;
     }
@@ -207,10 +211,10 @@ static int ck_l2_host(struct ck *c, uint64_t l2_off, uint64_t i, uint64_t e,
     uint64_t off = e & L2E_OFFSET_MASK;
     if ((b >> 32) & b) {
         c->res->corruptions++;
-        fprintf(stderr,
-                "ERROR offset=%" PRIx64 ": Allocated cluster has corrupted "
-                "subcluster allocation bitmap\n",
-                off);
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR offset=%" PRIx64 ": Allocated cluster has corrupted "
+                   "subcluster allocation bitmap",
+                   off);
     }
     if (qc_offset_into_cluster(s, off)) {
         c->res->corruptions++;
@@ -218,17 +222,17 @@ static int ck_l2_host(struct ck *c, uint64_t l2_off, uint64_t i, uint64_t e,
             s->ext_l2 ? (b & L2_BITMAP_ALL_ALLOC) != 0 : !(e & QCOW_OFLAG_ZERO);
         if (!has_data) {
             bool fix = c->fix & BI_CHECK_FIX_ERRORS;
-            fprintf(stderr,
-                    "%s offset=%" PRIx64 ": Preallocated cluster is not "
-                    "properly aligned; L2 entry corrupted.\n",
-                    fix ? "Repairing" : "ERROR", off);
+            bi_message(BI_MESSAGE_CHECK,
+                       "%s offset=%" PRIx64 ": Preallocated cluster is not "
+                       "properly aligned; L2 entry corrupted.",
+                       fix ? "Repairing" : "ERROR", off);
             if (fix && ck_fix_l2_by_zero(c, l2_off, i) == 0)
                 return 1;
         } else {
-            fprintf(stderr,
-                    "ERROR offset=%" PRIx64 ": Data cluster is not properly "
-                    "aligned; L2 entry corrupted.\n",
-                    off);
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR offset=%" PRIx64 ": Data cluster is not properly "
+                       "aligned; L2 entry corrupted.",
+                       off);
         }
     }
     if (frag) {
@@ -249,7 +253,7 @@ static int ck_l2(struct ck *c, uint64_t l2_off, bool frag)
     qcow2_state *s = c->s;
     int ret = bi_co_pread(c->n->file, l2_off, c->l2buf, s->cluster_size);
     if (ret < 0) {
-        fprintf(stderr, "ERROR: I/O error in check_refcounts_l2\n");
+        bi_message(BI_MESSAGE_CHECK, "ERROR: I/O error in check_refcounts_l2");
         c->res->check_errors++;
         return ret;
     }
@@ -259,10 +263,9 @@ static int ck_l2(struct ck *c, uint64_t l2_off, bool frag)
         qc_get_l2(s, c->l2buf, i, &e, &b);
         enum ck_type t = ck_type_of(s, e);
         if (t != CK_COMP && (e & L2E_STD_RESERVED_MASK)) {
-            fprintf(stderr,
-                    "ERROR found l2 entry with reserved bits set: %" PRIx64
-                    "\n",
-                    e);
+            bi_message(
+                BI_MESSAGE_CHECK,
+                "ERROR found l2 entry with reserved bits set: %" PRIx64 "", e);
             c->res->corruptions++;
         }
         ret = 0;
@@ -279,8 +282,9 @@ static int ck_l2(struct ck *c, uint64_t l2_off, bool frag)
         case CK_UNALLOC:
             if (b & L2_BITMAP_ALL_ALLOC) {
                 c->res->corruptions++;
-                fprintf(stderr, "ERROR: Unallocated cluster has non-zero "
-                                "subcluster allocation map\n");
+                bi_message(BI_MESSAGE_CHECK,
+                           "ERROR: Unallocated cluster has non-zero "
+                           "subcluster allocation map");
             }
             break;
         }
@@ -308,7 +312,7 @@ static int ck_l1(struct ck *c, uint64_t l1_off, uint32_t l1_size, bool frag)
     }
     ret = bi_co_pread(c->n->file, l1_off, l1, bytes);
     if (ret < 0) {
-        fprintf(stderr, "ERROR: I/O error in check_refcounts_l1\n");
+        bi_message(BI_MESSAGE_CHECK, "ERROR: I/O error in check_refcounts_l1");
         c->res->check_errors++;
         free(l1);
         return ret;
@@ -318,10 +322,9 @@ static int ck_l1(struct ck *c, uint64_t l1_off, uint32_t l1_size, bool frag)
         if (!e)
             continue;
         if (e & L1E_RESERVED_MASK) {
-            fprintf(stderr,
-                    "ERROR found L1 entry with reserved bits set: %" PRIx64
-                    "\n",
-                    e);
+            bi_message(
+                BI_MESSAGE_CHECK,
+                "ERROR found L1 entry with reserved bits set: %" PRIx64 "", e);
             c->res->corruptions++;
         }
         uint64_t l2 = e & L1E_OFFSET_MASK;
@@ -329,10 +332,10 @@ static int ck_l1(struct ck *c, uint64_t l1_off, uint32_t l1_size, bool frag)
         if (ret < 0)
             break;
         if (qc_offset_into_cluster(s, l2)) {
-            fprintf(stderr,
-                    "ERROR l2_offset=%" PRIx64 ": Table is not cluster "
-                    "aligned; L1 entry corrupted\n",
-                    l2);
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR l2_offset=%" PRIx64 ": Table is not cluster "
+                       "aligned; L1 entry corrupted",
+                       l2);
             c->res->corruptions++;
         }
         ret = ck_l2(c, l2, frag);
@@ -346,27 +349,28 @@ static int ck_snapshots(struct ck *c)
 {
     qcow2_state *s = c->s;
     if (qc_has_data_file(s) && s->nb_snapshots) {
-        fprintf(stderr, "ERROR %d snapshots in image with data file\n",
-                (int)s->nb_snapshots);
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR %d snapshots in image with data file",
+                   (int)s->nb_snapshots);
         c->res->corruptions++;
     }
     for (uint32_t i = 0; i < s->nb_snapshots; i++) {
         const struct qcow2_snapshot *sn = &s->snapshots[i];
         if (qc_offset_into_cluster(s, sn->l1_table_offset)) {
-            fprintf(stderr,
-                    "ERROR snapshot %s (%s) l1_offset=%#" PRIx64
-                    ": L1 table is not cluster aligned; snapshot table "
-                    "entry corrupted\n",
-                    sn->id_str, sn->name, sn->l1_table_offset);
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR snapshot %s (%s) l1_offset=%#" PRIx64
+                       ": L1 table is not cluster aligned; snapshot table "
+                       "entry corrupted",
+                       sn->id_str, sn->name, sn->l1_table_offset);
             c->res->corruptions++;
             continue;
         }
         if (sn->l1_size > CK_MAX_SNAPSHOT_L1) {
-            fprintf(stderr,
-                    "ERROR snapshot %s (%s) l1_size=%#" PRIx32
-                    ": L1 table is too large; snapshot table entry "
-                    "corrupted\n",
-                    sn->id_str, sn->name, sn->l1_size);
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR snapshot %s (%s) l1_size=%#" PRIx32
+                       ": L1 table is too large; snapshot table entry "
+                       "corrupted",
+                       sn->id_str, sn->name, sn->l1_size);
             c->res->corruptions++;
             continue;
         }
@@ -452,7 +456,8 @@ static int ck_grow_file_to(struct ck *c, uint64_t off)
         }
     }
     if (ret < 0)
-        fprintf(stderr, "ERROR could not resize image: %s\n", strerror(-ret));
+        bi_message(BI_MESSAGE_CHECK, "ERROR could not resize image: %s",
+                   strerror(-ret));
     return ret;
 }
 
@@ -465,19 +470,20 @@ static int ck_refblocks(struct ck *c)
         uint64_t off = s->refcount_table[i] & RTE_OFFSET_MASK;
         uint64_t cl = off >> s->cluster_bits;
         if (s->refcount_table[i] & RTE_RESERVED_MASK) {
-            fprintf(stderr,
-                    "ERROR refcount table entry %" PRIu64 " has reserved "
-                    "bits set\n",
-                    i);
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR refcount table entry %" PRIu64 " has reserved "
+                       "bits set",
+                       i);
             c->res->corruptions++;
             c->rebuild = true;
             continue;
         }
         if (qc_offset_into_cluster(s, off)) {
-            fprintf(stderr,
-                    "ERROR refcount block %" PRIu64 " is not cluster aligned; "
-                    "refcount table entry corrupted\n",
-                    i);
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR refcount block %" PRIu64
+                       " is not cluster aligned; "
+                       "refcount table entry corrupted",
+                       i);
             c->res->corruptions++;
             c->rebuild = true;
             continue;
@@ -485,8 +491,9 @@ static int ck_refblocks(struct ck *c)
         if (cl >= c->nb) {
             bool fix = c->fix & BI_CHECK_FIX_ERRORS;
             c->res->corruptions++;
-            fprintf(stderr, "%s refcount block %" PRIu64 " is outside image\n",
-                    fix ? "Repairing" : "ERROR", i);
+            bi_message(BI_MESSAGE_CHECK,
+                       "%s refcount block %" PRIu64 " is outside image",
+                       fix ? "Repairing" : "ERROR", i);
             if (!fix)
                 continue;
             if (ck_grow_file_to(c, off) < 0 || cl >= c->nb) {
@@ -506,9 +513,9 @@ static int ck_refblocks(struct ck *c)
         if (ret < 0)
             return ret;
         if (c->ref[cl] != 1) {
-            fprintf(stderr,
-                    "ERROR refcount block %" PRIu64 " refcount=%" PRIu32 "\n",
-                    i, c->ref[cl]);
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR refcount block %" PRIu64 " refcount=%" PRIu32 "",
+                       i, c->ref[cl]);
             c->res->corruptions++;
             c->rebuild = true;
         }
@@ -546,8 +553,9 @@ static void ck_compare(struct ck *c, int fix, uint64_t *highest)
         uint64_t r1;
         int ret = qc_get_refcount(c->n, i, &r1);
         if (ret < 0) {
-            fprintf(stderr, "Can't get refcount for cluster %" PRIu64 ": %s\n",
-                    i, strerror(-ret));
+            bi_message(BI_MESSAGE_CHECK,
+                       "Can't get refcount for cluster %" PRIu64 ": %s", i,
+                       strerror(-ret));
             c->res->check_errors++;
             continue;
         }
@@ -563,13 +571,13 @@ static void ck_compare(struct ck *c, int fix, uint64_t *highest)
             fixed = &c->res->leaks_fixed;
         else if (r1 < r2 && (fix & BI_CHECK_FIX_ERRORS))
             fixed = &c->res->corruptions_fixed;
-        fprintf(stderr,
-                "%s cluster %" PRIu64 " refcount=%" PRIu64 " reference=%" PRIu64
-                "\n",
-                fixed     ? "Repairing"
-                : r1 < r2 ? "ERROR"
-                          : "Leaked",
-                i, r1, r2);
+        bi_message(BI_MESSAGE_CHECK,
+                   "%s cluster %" PRIu64 " refcount=%" PRIu64
+                   " reference=%" PRIu64 "",
+                   fixed     ? "Repairing"
+                   : r1 < r2 ? "ERROR"
+                             : "Leaked",
+                   i, r1, r2);
         if (fixed) {
             int64_t delta = r1 > r2 ? -(int64_t)(r1 - r2) : (int64_t)(r2 - r1);
             if (qc_update_refcount(c->n, i << s->cluster_bits, s->cluster_size,
@@ -825,10 +833,10 @@ static int ck_copied_l2(struct ck *c, bool repair)
         if ((rc == 1) == ((e & QCOW_OFLAG_COPIED) != 0))
             continue;
         c->res->corruptions++;
-        fprintf(stderr,
-                "%s OFLAG_COPIED data cluster: l2_entry=%" PRIx64
-                " refcount=%" PRIu64 "\n",
-                repair ? "Repairing" : "ERROR", e, rc);
+        bi_message(BI_MESSAGE_CHECK,
+                   "%s OFLAG_COPIED data cluster: l2_entry=%" PRIx64
+                   " refcount=%" PRIu64 "",
+                   repair ? "Repairing" : "ERROR", e, rc);
         if (repair) {
             e = rc == 1 ? e | QCOW_OFLAG_COPIED : e & ~QCOW_OFLAG_COPIED;
             qc_set_l2(s, c->l2buf, j, e, b);
@@ -855,10 +863,10 @@ static int ck_oflag_copied(struct ck *c)
             continue;
         if ((rc == 1) != ((l1e & QCOW_OFLAG_COPIED) != 0)) {
             res->corruptions++;
-            fprintf(stderr,
-                    "%s OFLAG_COPIED L2 cluster: l1_index=%" PRIu32
-                    " l1_entry=%" PRIx64 " refcount=%" PRIu64 "\n",
-                    repair ? "Repairing" : "ERROR", i, l1e, rc);
+            bi_message(BI_MESSAGE_CHECK,
+                       "%s OFLAG_COPIED L2 cluster: l1_index=%" PRIu32
+                       " l1_entry=%" PRIx64 " refcount=%" PRIu64 "",
+                       repair ? "Repairing" : "ERROR", i, l1e, rc);
             if (repair) {
                 s->l1_table[i] = rc == 1 ? l1e | QCOW_OFLAG_COPIED
                                          : l1e & ~QCOW_OFLAG_COPIED;
@@ -873,8 +881,8 @@ static int ck_oflag_copied(struct ck *c)
         }
         int ret = bi_co_pread(c->n->file, l2, c->l2buf, s->cluster_size);
         if (ret < 0) {
-            fprintf(stderr, "ERROR: Could not read L2 table: %s\n",
-                    strerror(-ret));
+            bi_message(BI_MESSAGE_CHECK, "ERROR: Could not read L2 table: %s",
+                       strerror(-ret));
             res->check_errors++;
             return ret;
         }
@@ -883,8 +891,8 @@ static int ck_oflag_copied(struct ck *c)
             continue;
         ret = bi_co_pwrite(c->n->file, l2, c->l2buf, s->cluster_size, 0);
         if (ret < 0) {
-            fprintf(stderr, "ERROR: Could not write L2 table: %s\n",
-                    strerror(-ret));
+            bi_message(BI_MESSAGE_CHECK, "ERROR: Could not write L2 table: %s",
+                       strerror(-ret));
             res->check_errors++;
             return ret;
         }
@@ -902,13 +910,13 @@ static int ck_rebuild_and_recount(struct ck *c, uint64_t *highest)
 {
     struct bi_check_result old = *c->res;
     int fix = c->fix;
-    fprintf(stderr, "Rebuilding refcount structure\n");
+    bi_message(BI_MESSAGE_CHECK, "Rebuilding refcount structure");
     int ret = qc_flush_metadata(c->n);
     if (ret == 0)
         ret = ck_rebuild(c);
     if (ret < 0) {
-        fprintf(stderr, "ERROR rebuilding refcount structure: %s\n",
-                strerror(-ret));
+        bi_message(BI_MESSAGE_CHECK, "ERROR rebuilding refcount structure: %s",
+                   strerror(-ret));
         c->res->check_errors++;
         return ret;
     }
@@ -927,8 +935,9 @@ static int ck_rebuild_and_recount(struct ck *c, uint64_t *highest)
         memset(c->res, 0, sizeof(*c->res));
         ck_compare(c, BI_CHECK_FIX_LEAKS, highest);
         if (c->rebuild)
-            fprintf(stderr, "ERROR rebuilt refcount structure is still "
-                            "broken\n");
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR rebuilt refcount structure is still "
+                       "broken");
         fresh_leaks = c->res->leaks;
         *c->res = saved;
     }
@@ -950,10 +959,10 @@ static int ck_snapshot_pointer(struct ck *c, bi_error *err)
     int ret = bi_co_pread(c->n->file, 60, p, sizeof(p));
     if (ret < 0) {
         c->res->check_errors++;
-        fprintf(stderr,
-                "ERROR failed to read the snapshot table pointer from the "
-                "image header: %s\n",
-                strerror(-ret));
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR failed to read the snapshot table pointer from the "
+                   "image header: %s",
+                   strerror(-ret));
         return ret;
     }
     uint32_t nb;
@@ -987,7 +996,8 @@ static int ck_refcounts(struct ck *c)
             return ret;
     } else if (c->fix) {
         if (c->rebuild) {
-            fprintf(stderr, "ERROR need to rebuild refcount structures\n");
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR need to rebuild refcount structures");
             c->res->check_errors++;
             return -EIO;
         }

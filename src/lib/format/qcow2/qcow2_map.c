@@ -743,7 +743,10 @@ static int map_write_locked(bi_node *n, uint64_t off, uint64_t len,
         a->host = c0; /* guest offset == data file offset */
         a->allocated = false;
     } else {
-        int64_t h = qc_alloc_clusters(n, nb);
+        /* freed clusters first, as QEMU reuses them */
+        int64_t h = qc_reclaim_freed(n, nb);
+        if (h == 0)
+            h = qc_alloc_clusters(n, nb);
         if (h < 0) {
             free_alloc(a);
             return (int)h;

@@ -669,6 +669,7 @@ void qc_defer_free(bi_node *n, uint64_t offset, uint64_t len)
     }
     struct qcow2_free_range *last =
         s->n_pending_free ? &s->pending_free[s->n_pending_free - 1] : NULL;
+    s->pending_free_bytes += len;
     if (last && last->offset + last->len == offset &&
         !(offset & (s->cluster_size - 1)) && !(len & (s->cluster_size - 1))) {
         last->len += len;
@@ -677,6 +678,15 @@ void qc_defer_free(bi_node *n, uint64_t offset, uint64_t len)
     s->pending_free[s->n_pending_free].offset = offset;
     s->pending_free[s->n_pending_free].len = len;
     s->n_pending_free++;
+}
+
+int qc_reclaim_freed(bi_node *n, uint64_t nb)
+{
+    qcow2_state *s = n->opaque;
+    if (!s->n_pending_free || s->pending_free_bytes < QC_RECLAIM_MIN ||
+        s->pending_free_bytes < (nb << s->cluster_bits))
+        return 0;
+    return qc_flush_metadata(n);
 }
 
 void qc_free_l2_entry_clusters(bi_node *n, uint64_t entry)
@@ -706,6 +716,7 @@ int qc_apply_pending_frees(bi_node *n)
             result = ret;
     }
     s->n_pending_free = 0;
+    s->pending_free_bytes = 0;
     return result;
 }
 
