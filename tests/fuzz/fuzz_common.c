@@ -82,6 +82,20 @@ const char *fuzz_put_image(const char *name, const uint8_t *data, size_t size)
     return put_file(name, data, size);
 }
 
+/* The formats a target may open read-write: those whose images name no
+ * other file (qcow2's data file is redirected, below). An image naming
+ * files, such as a vmdk descriptor's extents, could make a write target
+ * write any file the fuzzer guesses the name of. */
+static bool writable(const struct bi_driver *drv)
+{
+    static const char *const names[] = {"raw", "qcow2", "vdi", "vpc"};
+
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (!strcmp(drv->name, names[i]))
+            return true;
+    return false;
+}
+
 bi_node *fuzz_open(const char *path, bool read_write)
 {
     /* Any data file a qcow2 image names becomes this one (an empty file
@@ -100,7 +114,10 @@ bi_node *fuzz_open(const char *path, bool read_write)
     o.quiet_probe = true;
     o.no_backing = true;
     o.read_write = read_write;
-    if (bi_probe_format(head, sizeof(head), path) == &bi_drv_qcow2) {
+    const struct bi_driver *drv = bi_probe_format(head, sizeof(head), path);
+    if (read_write && !writable(drv))
+        return NULL;
+    if (drv == &bi_drv_qcow2) {
         snprintf(data_opt, sizeof(data_opt), "data-file=%s/%s", scratch,
                  DATA_FILE);
         o.driver_opts = qcow2_opts;

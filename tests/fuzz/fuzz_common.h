@@ -28,10 +28,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 const char *fuzz_put_image(const char *name, const uint8_t *data, size_t size);
 
 /* Opens path as the targets do: format probed, no backing files, quiet,
- * read_write as asked. A qcow2 image naming an external data file gets one
- * inside the scratch directory instead of the name it carries, so that no input
- * can make a target open (or write) a file elsewhere. NULL when the library
- * refuses the image. */
+ * read_write as asked. A qcow2 image naming an external data file gets
+ * one inside the scratch directory instead of the name it carries, and
+ * only formats whose images name no other file (raw, qcow2, vdi, vpc)
+ * open read-write, so that no input can make a target write a file
+ * elsewhere. NULL when the library refuses the image (or the target may
+ * not open it so). */
 bi_node *fuzz_open(const char *path, bool read_write);
 
 /* /dev/null as a stream, for printers whose text only has to be made. */
