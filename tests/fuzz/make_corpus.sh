@@ -71,10 +71,15 @@ for fmt in vmdk vdi vpc vhdx qed parallels qcow luks; do
     head -c 4096 "$WORK/full.$fmt" >"foreign-$fmt"
 done
 
+# whole images of the other formats blkimg writes (empty: with data, a
+# vdi holds 1 MiB blocks and a vpc 2 MiB ones)
+img create -f vdi vdi-empty 64k
+img create -f vpc vpc-empty 64k
+
 for t in open check write; do
     rm -rf "${OUT:?}/$t"
     mkdir -p "$OUT/$t"
-    cp qcow2-* raw-* "$OUT/$t/"
+    cp qcow2-* raw-* vdi-empty vpc-empty "$OUT/$t/"
 done
 cp foreign-* "$OUT/open/"
 
