@@ -13,6 +13,9 @@
 #                     (TORTURE_CASES, TORTURE_SEED), 2000 power-loss
 #                     trials (TORTURE_POWERLOSS), and the tests marked
 #                     torture (the full SIGKILL crash trials)
+#   make fuzz         build the libFuzzer targets (build-fuzz/, clang) and
+#                     run each for FUZZ_TIME seconds (300); crash inputs go
+#                     to tests/fuzz/crashes/ (tests/fuzz/run.sh)
 #   make bench        build, then run the benchmarks (bench/run.sh); the
 #                     report, results and charts go to build/bench-results/
 #   make install      meson install (PREFIX=/usr/local, DESTDIR honoured):
@@ -21,7 +24,7 @@
 #   make symbols      rewrite debian/libblkimg0.symbols (the exported
 #                     symbols on record) from build/libblkimg.so
 #   make format       clang-format -i on every C file
-#   make clean        remove build/, build-asan/ and demo/
+#   make clean        remove build/, build-asan/, build-fuzz/ and demo/
 
 BUILD      ?= build
 ASAN_BUILD ?= build-asan
@@ -33,8 +36,8 @@ CC         ?= cc
 # C files we format / check (never anything under a build directory).
 C_DIRS     := src include tests bench examples
 
-.PHONY: all build deps run check torture bench bench-tools install format \
-	check-format clean symbols
+.PHONY: all build deps run check torture fuzz bench bench-tools install \
+	format check-format clean symbols
 
 all: build
 
@@ -73,6 +76,13 @@ torture: deps build
 		-p no:cacheprovider -m torture tests/integration tests/interop; \
 	c=$$?; [ $$a -eq 0 ] && [ $$b -eq 0 ] && [ $$c -eq 0 ]
 
+FUZZ_BUILD ?= build-fuzz
+FUZZ_TIME  ?= 300
+
+fuzz:
+	@scripts/deps.sh --fuzz
+	@FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_TIME=$(FUZZ_TIME) tests/fuzz/run.sh
+
 bench: build bench-tools
 	@BLKIMG_BUILD=$(BUILD) bench/run.sh
 
@@ -96,4 +106,4 @@ check-format:
 	@scripts/check-format.sh
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) demo
+	rm -rf $(BUILD) $(ASAN_BUILD) $(FUZZ_BUILD) demo

@@ -5,7 +5,9 @@
 # A fast no-op when everything is present: only missing packages are
 # installed, and `apt-get update` runs only when something is missing.
 #
-# Usage: scripts/deps.sh [--check]
+# Usage: scripts/deps.sh [--fuzz] [--check]
+#   --fuzz    also what `make fuzz` needs (clang and its libFuzzer and
+#             sanitizer runtimes; `make check` does not need them)
 #   --check   only report what is missing (exit 1 if anything is)
 set -euo pipefail
 
@@ -32,6 +34,19 @@ PACKAGES=(
     # benchmarks (gnuplot draws bench/chart.py's charts)
     hyperfine time procps gnuplot-nox
 )
+FUZZ_PACKAGES=(clang libclang-rt-14-dev)
+
+check_only=false
+for arg in "$@"; do
+    case $arg in
+    --fuzz) PACKAGES+=("${FUZZ_PACKAGES[@]}") ;;
+    --check) check_only=true ;;
+    *)
+        echo "usage: $0 [--fuzz] [--check]" >&2
+        exit 2
+        ;;
+    esac
+done
 
 # One dpkg-query call for all of them (packages it does not know are simply
 # absent from its output).
@@ -49,7 +64,7 @@ if [ ${#missing[@]} -eq 0 ]; then
     exit 0
 fi
 
-if [ "${1:-}" = "--check" ]; then
+if $check_only; then
     echo "missing packages: ${missing[*]}"
     exit 1
 fi

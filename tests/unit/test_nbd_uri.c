@@ -121,6 +121,23 @@ int main(void)
            "nbd://localhost:10811/ex", "inet name");
     is_str(canon("nbd://127.0.0.1"), "nbd://127.0.0.1:10809",
            "inet, default port and export");
+    /* commas are part of names (found by tests/fuzz/fuzz_parse) */
+    is_str(canon("nbd://a,,b,c:10809"), "nbd://a,,b,c:10809",
+           "commas in a host stay");
+    is_str(canon("nbd+unix:///e,x?socket=/tmp/s,,t"),
+           "nbd+unix:///e,x?socket=/tmp/s,,t", "commas in export, socket");
+    /* characters QEMU's URI parser refuses (tests/fuzz/fuzz_parse) */
+    is_str(parse("nbd://h/a b"), "error: No valid URL specified",
+           "space in the export");
+    is_str(parse("nbd://s//[]:1"), "error: No valid URL specified",
+           "brackets in the path");
+    is_str(parse("nbd://h[/e"), "error: No valid URL specified",
+           "bracket in the host");
+    is_str(parse("nbd+unix:///e?socket=/a^b"), "error: No valid URL specified",
+           "'^' in the query");
+    is_str(canon("nbd://us:pw@h:12/e"), "nbd://h:12/e", "user info dropped");
+    is_str(parse("nbd://a@b@h/e"), "error: No valid URL specified", "two '@'");
+    is_str(canon("nbd://[::1]:12/e"), "nbd://[::1]:12/e", "IPv6 host");
     is_str(canon("nbds://h/e?tls-creds=nope"),
            "error: No TLS credentials with id 'nope'",
            "credentials must exist");

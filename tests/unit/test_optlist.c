@@ -60,5 +60,14 @@ int main(void)
     is_int(bi_optlist_parse(&l, "a=1,,"), 0, "escaped trailing comma ok");
     is_str(l.v[0].value, "1,", "value ends in a comma");
     bi_optlist_free(&l);
+
+    /* one option as it is: commas belong to the value */
+    is_int(bi_optlist_add(&l, "server.host=a,b,,c"), 0, "add one option");
+    is_int(bi_optlist_add(&l, "bare"), 0, "add a bare key");
+    is_int(bi_optlist_add(&l, "=x"), -EINVAL, "empty key refused");
+    is_int(l.n, 2, "two options added");
+    is_str(l.v[0].value, "a,b,,c", "value kept as given");
+    ok(l.v[1].value == NULL, "bare key has no value");
+    bi_optlist_free(&l);
     return tap_done();
 }

@@ -118,7 +118,7 @@ static int protocol_options(const struct bi_driver *drv, const char *filename,
     for (const char *const *p = o->protocol_opts; p && *p; p++) {
         if (!strncmp(*p, "driver=", 7))
             continue;
-        if (bi_optlist_parse(l, *p) < 0) {
+        if (bi_optlist_add(l, *p) < 0) { /* one key=value each */
             bi_error_set(err, 0, "Invalid parameter '%s'", *p);
             return -EINVAL;
         }

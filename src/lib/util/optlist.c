@@ -38,6 +38,20 @@ static void push(struct bi_optlist *l, char *key, char *value)
     l->n++;
 }
 
+int bi_optlist_add(struct bi_optlist *l, const char *item)
+{
+    size_t klen = strcspn(item, "=");
+
+    if (klen == 0) {
+        return -EINVAL;
+    }
+    char *key = bi_xmalloc(klen + 1);
+    memcpy(key, item, klen);
+    key[klen] = '\0';
+    push(l, key, item[klen] ? bi_xstrdup(item + klen + 1) : NULL);
+    return 0;
+}
+
 int bi_optlist_parse(struct bi_optlist *l, const char *s)
 {
     const char *p = s;

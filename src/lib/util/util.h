@@ -153,6 +153,11 @@ struct bi_optlist {
  * <s>" (empty, leading ',', odd number of trailing ','). Keys are not
  * validated: an unknown or empty key is the caller's to report. */
 int bi_optlist_parse(struct bi_optlist *l, const char *s);
+/* Appends ONE option, item = "key=value" as it is (the value is all after
+ * the first '=', commas included; "key" alone is a bare key): how option
+ * arrays such as bi_open_opts.protocol_opts are read. 0, or -EINVAL for
+ * an empty key. */
+int bi_optlist_add(struct bi_optlist *l, const char *item);
 /* Value of the last occurrence of key, NULL if absent; a bare "key" reads
  * as "on" and a bare "nokey" as "off", as in qemu. */
 const char *bi_optlist_get(const struct bi_optlist *l, const char *key);

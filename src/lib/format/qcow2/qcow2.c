@@ -118,13 +118,31 @@ int qc_signal_corruption(bi_node *n, const char *fmt, ...)
         s->corrupt = true;
         if (s->version >= 3)
             qc_update_incompat(n, s->incompat | QCOW2_INCOMPAT_CORRUPT);
-    } else if (s->read_only && !s->corrupt) {
+    } else if (s->read_only && !s->corrupt && !s->signaled) {
         bi_message(BI_MESSAGE_WARNING,
                    "qcow2: Image is corrupt: %s; further corruption "
                    "events will be suppressed",
                    buf);
         s->corrupt = true;
     }
+    return -EIO;
+}
+
+int qc_signal_corruption_nonfatal(bi_node *n, const char *fmt, ...)
+{
+    qcow2_state *s = n->opaque;
+    char buf[512];
+    va_list ap;
+    if (s->corrupt || s->signaled)
+        return -EIO;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof(buf), fmt, ap);
+    va_end(ap);
+    bi_message(BI_MESSAGE_WARNING,
+               "qcow2: Image is corrupt: %s; further non-fatal corruption "
+               "events will be suppressed",
+               buf);
+    s->signaled = true;
     return -EIO;
 }
 

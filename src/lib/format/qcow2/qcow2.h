@@ -250,6 +250,7 @@ typedef struct qcow2_state {
     bool rb_written_unflushed;   /* refcount blocks written, no flush yet */
 
     bool corrupt;
+    bool signaled; /* a non-fatal corruption event was reported */
     bool read_only;
     bool close_prepared; /* close_co ran (bi_close reports its errors) */
     bool check_mode;     /* opened by check -r: corrupt images open writable */
@@ -299,6 +300,10 @@ enum qcow2_sc_type qc_sc_type(const qcow2_state *s, uint64_t entry,
 
 /* Marks the image corrupt (header bit) and fails with -EIO. */
 int qc_signal_corruption(bi_node *n, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* A corruption that fails this request only (QEMU's non-fatal event):
+ * reported once, the image not marked; -EIO. */
+int qc_signal_corruption_nonfatal(bi_node *n, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 /* Writes bytes of the header (host endian values converted). */
 int qc_write_header_field(bi_node *n, uint64_t off, const void *be_bytes,

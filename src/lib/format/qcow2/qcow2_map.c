@@ -198,8 +198,10 @@ struct qc_run {
     uint64_t entry; /* L2 entry of the first cluster */
 };
 
+/* Checks the L2 entry (index l2_idx) of the guest cluster at guest before
+ * it is used: 0, or -EIO with the corruption reported as QEMU does. */
 static int check_entry(bi_node *n, uint64_t entry, uint64_t bitmap,
-                       enum qcow2_sc_type t, uint64_t l2_idx)
+                       enum qcow2_sc_type t, uint64_t l2_idx, uint64_t guest)
 {
     qcow2_state *s = n->opaque;
     if (t == QC_INVALID)
@@ -214,6 +216,15 @@ static int check_entry(bi_node *n, uint64_t entry, uint64_t bitmap,
                                     " unaligned (L2 index: "
                                     "%#" PRIx64 ")",
                                     entry_host(s, entry), l2_idx);
+    /* an external data file holds each cluster at its guest offset */
+    if (type_has_host(t) && qc_has_data_file(s) &&
+        entry_host(s, entry) != guest)
+        return qc_signal_corruption_nonfatal(
+            n,
+            "External data file host cluster offset %#" PRIx64
+            " does not match guest cluster offset: %#" PRIx64
+            ", L2 index: %#" PRIx64 ")",
+            entry_host(s, entry), guest, l2_idx);
     if (t == QC_COMPRESSED && s->ext_l2 && bitmap)
         return qc_signal_corruption(
             n,
@@ -261,7 +272,8 @@ static int map_run(bi_node *n, uint64_t off, uint64_t len, bool coarse_kinds,
         } else {
             qc_get_l2(s, table, idx, &entry, &bitmap);
             t = qc_sc_type(s, entry, bitmap, sc_index(s, pos));
-            ret = check_entry(n, entry, bitmap, t, idx);
+            ret = check_entry(n, entry, bitmap, t, idx,
+                              qc_start_of_cluster(s, pos));
             if (ret < 0)
                 goto out;
             if (t == QC_COMPRESSED)
@@ -603,7 +615,7 @@ static int map_write_locked(bi_node *n, uint64_t off, uint64_t len,
         return ret;
     qc_get_l2(s, table, idx, &entry, &bitmap);
     enum qcow2_sc_type t0 = qc_sc_type(s, entry, bitmap, sc_index(s, off));
-    ret = check_entry(n, entry, bitmap, t0, idx);
+    ret = check_entry(n, entry, bitmap, t0, idx, c0);
     if (ret < 0) {
         qc_cache_put(&s->l2_cache, table);
         return ret;
@@ -723,8 +735,8 @@ static int map_write_locked(bi_node *n, uint64_t off, uint64_t len,
             enum qcow2_sc_type tj =
                 qc_sc_type(s, a->old_entry[j], a->old_bitmap[j], 0);
             if (tj == QC_INVALID) {
-                ret =
-                    check_entry(n, a->old_entry[j], a->old_bitmap[j], tj, idx);
+                ret = check_entry(n, a->old_entry[j], a->old_bitmap[j], tj, idx,
+                                  c0 + j * cs);
                 free_alloc(a);
                 return ret;
             }

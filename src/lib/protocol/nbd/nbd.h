@@ -53,7 +53,8 @@ struct nbd_target {
     int multi_conn;
 };
 
-/* Reads the options of one open into t (zeroed first). Returns 0 or
+/* Reads the options of one open into t (zeroed first): opts are
+ * "key=value" strings, one option each (a value may hold commas). 0 or
  * -errno with err set (unknown keys, missing server, credentials). */
 int bi_nbd_target_parse(const char *const *opts, struct nbd_target *t,
                         bi_error *err);

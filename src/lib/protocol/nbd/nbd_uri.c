@@ -30,22 +30,11 @@ static void put(struct bi_optlist *l, const char *key, const char *fmt, ...)
         abort();
     }
     va_end(ap);
-    /* ',' would end the value in the option syntax: double it */
-    size_t n = 0;
-    char *esc = bi_xmalloc(strlen(v) * 2 + 1);
-    for (const char *p = v; *p; p++) {
-        esc[n++] = *p;
-        if (*p == ',') {
-            esc[n++] = ',';
-        }
-    }
-    esc[n] = 0;
-    item = bi_xasprintf("%s=%s", key, esc);
-    if (bi_optlist_parse(l, item) < 0) {
-        abort(); /* key=value with escaped commas always parses */
+    item = bi_xasprintf("%s=%s", key, v);
+    if (bi_optlist_add(l, item) < 0) {
+        abort(); /* the keys are ours, never empty */
     }
     free(item);
-    free(esc);
     free(v);
 }
 
@@ -173,7 +162,50 @@ static int split_authority(const char *a, size_t len, char **host, char **port)
     return 0;
 }
 
-/* nbd[s][+tcp|+unix]://[host[:port]]/[export][?query] */
+/* Whether the len bytes at s are all characters RFC 3986 lets a URL hold
+ * outside its delimiters (unreserved, sub-delims, ':', '%' for escapes,
+ * which unescape checks) or in extra. QEMU's URI parser refuses a URL
+ * with any other character (space, '[', '^', non-ASCII...). */
+static bool url_chars(const char *s, size_t len, const char *extra)
+{
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (!(c < 0x80 && isalnum(c)) && !strchr("-._~!$&'()*+,;=:%", c) &&
+            !strchr(extra, c)) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Checks the authority [a, a + len) as QEMU's URI parser does and drops
+ * its user information ("user@", which the NBD driver ignores): *host_at
+ * and *host_len give what is left, host[:port]. false if it is no URL
+ * authority: characters outside url_chars, or brackets anywhere but
+ * around an IPv6 host. */
+static bool url_authority(const char *a, size_t len, const char **host_at,
+                          size_t *host_len)
+{
+    const char *at = memchr(a, '@', len);
+
+    if (at) {
+        if (!url_chars(a, (size_t)(at - a), "")) {
+            return false;
+        }
+        len -= (size_t)(at + 1 - a);
+        a = at + 1;
+    }
+    const char *open = memchr(a, '[', len), *close = memchr(a, ']', len);
+    if ((open && open != a) || (close && !open) ||
+        !url_chars(a, len, open ? "[]" : "")) {
+        return false;
+    }
+    *host_at = a;
+    *host_len = len;
+    return true;
+}
+
+/* nbd[s][+tcp|+unix]://[user@][host[:port]]/[export][?query] */
 static int parse_url(const char *name, const char *scheme_end,
                      struct bi_optlist *l, bi_error *err)
 {
@@ -204,8 +236,13 @@ static int parse_url(const char *name, const char *scheme_end,
     if (strchr(path, '#')) {
         return bad_url(err);
     }
-    if (path > auth &&
-        split_authority(auth, (size_t)(path - auth), &host, &port) < 0) {
+    const char *hp;
+    size_t hlen;
+    if (!url_authority(auth, (size_t)(path - auth), &hp, &hlen) ||
+        !url_chars(path, strlen(path), "@/?")) {
+        return bad_url(err);
+    }
+    if (hlen && split_authority(hp, hlen, &host, &port) < 0) {
         return bad_url(err);
     }
     size_t plen = query ? (size_t)(query - path) : strlen(path);
@@ -553,7 +590,7 @@ int bi_nbd_target_parse(const char *const *opts, struct nbd_target *t,
 
     memset(t, 0, sizeof(*t));
     for (const char *const *p = opts; p && *p && ret == 0; p++) {
-        ret = bi_optlist_parse(&l, *p);
+        ret = bi_optlist_add(&l, *p); /* one key=value each, as given */
     }
     for (int i = 0; ret == 0 && i < l.n; i++) {
         if (!key_known(l.v[i].key)) {
