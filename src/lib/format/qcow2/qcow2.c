@@ -593,7 +593,9 @@ static int open_table_geometry(bi_node *n, qcow2_state *s, const uint8_t *hdr,
         QCOW2_MAX_REFTABLE_BYTES / s->cluster_size) {
         return qc_error(err, -EINVAL, "Reference count table too large");
     }
-    if (s->refcount_table_clusters == 0) {
+    /* opened for checking, an image without one is the check's finding
+     * (every cluster's refcount is 0; -r all rebuilds), as in QEMU */
+    if (s->refcount_table_clusters == 0 && !s->check_mode) {
         return qc_error(err, -EINVAL,
                         "Image does not contain a reference count "
                         "table");
@@ -653,7 +655,7 @@ static int open_load_tables(bi_node *n, qcow2_state *s, bi_error *err)
     }
 
     /* refcount table */
-    s->refcount_table = calloc(s->refcount_table_size, 8);
+    s->refcount_table = calloc(BI_MAX(s->refcount_table_size, 1), 8);
     if (!s->refcount_table) {
         return -ENOMEM;
     }
