@@ -414,6 +414,14 @@ int bi_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
 
 /* The node's geometry (all zero for drivers without one). */
 void bi_node_geometry(bi_node *n, struct bi_geometry *g);
+
+/* Limits of a node that takes any byte range (request alignment 1, the
+ * driver's own choice): a format driver that maps ranges onto children
+ * which align their own I/O (max_transfer 0: no limit of its own), or a
+ * protocol whose library takes any offset and length (with its
+ * max_transfer, 0 for none, and no memory alignment). */
+void bi_limits_any_range(struct bi_limits *l, uint64_t max_transfer);
+void bi_limits_any_buffer(struct bi_limits *l, uint64_t max_transfer);
 /* The node whose internal snapshots n has: n when its driver has
  * snapshot ops, else the file of an identity-map format (QEMU's fallback
  * to the primary child: raw on RBD lists the RBD image's), else n. */

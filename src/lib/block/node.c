@@ -51,6 +51,21 @@ void bi_node_free(bi_node *n)
     free(n);
 }
 
+void bi_limits_any_range(struct bi_limits *l, uint64_t max_transfer)
+{
+    l->request_alignment = 1;
+    l->request_alignment_source = BI_SRC_DRIVER;
+    l->max_transfer = max_transfer;
+}
+
+void bi_limits_any_buffer(struct bi_limits *l, uint64_t max_transfer)
+{
+    memset(l, 0, sizeof(*l));
+    bi_limits_any_range(l, max_transfer);
+    l->min_mem_alignment = 1;
+    l->mem_alignment_source = BI_SRC_DRIVER;
+}
+
 static void default_limits(bi_node *n)
 {
     if (n->drv->refresh_limits) {

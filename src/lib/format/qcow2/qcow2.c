@@ -959,9 +959,7 @@ static void qcow2_refresh_limits(bi_node *n)
             BI_MAX(n->limits.opt_mem_alignment, d->opt_mem_alignment);
     }
     /* The driver maps any byte range; the host nodes align their own I/O. */
-    n->limits.request_alignment = 1;
-    n->limits.request_alignment_source = BI_SRC_DRIVER;
-    n->limits.max_transfer = 0;
+    bi_limits_any_range(&n->limits, 0);
 }
 
 /* Clusters; one L2 table's guest range bounds a block status answer (as

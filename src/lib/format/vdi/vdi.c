@@ -263,9 +263,7 @@ static void vdi_refresh_limits(bi_node *n)
 {
     n->limits = n->file->limits;
     /* any byte range maps; the file node aligns its own I/O */
-    n->limits.request_alignment = 1;
-    n->limits.request_alignment_source = BI_SRC_DRIVER;
-    n->limits.max_transfer = 0;
+    bi_limits_any_range(&n->limits, 0);
 }
 
 /* Blocks are QEMU's clusters (info's cluster_size, the serialisation of

@@ -762,9 +762,7 @@ static void vmdk_refresh_limits(bi_node *n)
         n->limits.opt_mem_alignment =
             BI_MAX(n->limits.opt_mem_alignment, f->limits.opt_mem_alignment);
     }
-    n->limits.request_alignment = 1;
-    n->limits.request_alignment_source = BI_SRC_DRIVER;
-    n->limits.max_transfer = 0;
+    bi_limits_any_range(&n->limits, 0);
 }
 
 /* QEMU's cluster size: that of the first extent when it is sparse and all

@@ -308,9 +308,7 @@ static void vpc_refresh_limits(bi_node *n)
 {
     n->limits = n->file->limits;
     /* The driver maps any byte range; the file aligns its own I/O. */
-    n->limits.request_alignment = 1;
-    n->limits.request_alignment_source = BI_SRC_DRIVER;
-    n->limits.max_transfer = 0;
+    bi_limits_any_range(&n->limits, 0);
 }
 
 /* Dynamic disks allocate in blocks (qemu-img info's cluster_size); fixed

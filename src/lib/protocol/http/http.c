@@ -445,14 +445,7 @@ static int http_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
 /* Any range may be asked for; a read is one GET of at most 4 MiB. */
 static void http_refresh_limits(bi_node *n)
 {
-    struct bi_limits *l = &n->limits;
-
-    memset(l, 0, sizeof(*l));
-    l->request_alignment = 1;
-    l->request_alignment_source = BI_SRC_DRIVER;
-    l->min_mem_alignment = 1;
-    l->mem_alignment_source = BI_SRC_DRIVER;
-    l->max_transfer = HTTP_MAX_TRANSFER;
+    bi_limits_any_buffer(&n->limits, HTTP_MAX_TRANSFER);
 }
 
 static int http_storage_info(bi_node *n, struct bi_storage_info *out)

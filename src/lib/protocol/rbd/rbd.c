@@ -588,13 +588,7 @@ static int rbd_drv_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
 /* librbd takes any offset, length and buffer. */
 static void rbd_refresh_limits(bi_node *n)
 {
-    struct bi_limits *l = &n->limits;
-
-    memset(l, 0, sizeof(*l));
-    l->request_alignment = 1;
-    l->request_alignment_source = BI_SRC_DRIVER;
-    l->min_mem_alignment = 1;
-    l->mem_alignment_source = BI_SRC_DRIVER;
+    bi_limits_any_buffer(&n->limits, 0);
 }
 
 /* Resizes as qemu-img asks (growing and shrinking: the data past a new
