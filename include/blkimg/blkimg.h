@@ -54,7 +54,13 @@ BI_EXPORT void bi_set_message_handler(bi_message_fn *fn, void *opaque);
 
 BI_EXPORT void bi_error_init(bi_error *err);
 /* Sets err (if err is non-NULL and not already set). If errnum != 0,
- * ": <strerror(errnum)>" is appended to the formatted message. */
+ * ": <strerror(errnum)>" is appended to the formatted message.
+ *
+ * The rule for codes: the call that sets the message sets the code, and
+ * nothing changes either afterwards (the first error wins). With an errnum
+ * the code is -|errnum|; without one (errnum 0) it is -EINVAL. Inside the
+ * library, a message without strerror text but with another code is set by
+ * bi_error_setc (util/util.h), which the drivers' helpers call. */
 BI_EXPORT void bi_error_set(bi_error *err, int errnum, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Prefixes an already set message: "<prefix>: <old message>". */

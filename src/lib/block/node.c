@@ -300,16 +300,13 @@ static int refuse_unopenable(const struct bi_driver *drv, const char *filename,
     if (drv->open)
         return 0;
     if (depth > 0)
-        bi_error_set(err, 0,
-                     "Could not open '%s': Image format '%s' is not "
-                     "supported by blkimg yet",
-                     filename, drv->name);
-    else
-        bi_error_set(err, 0, "Image format '%s' is not supported by blkimg yet",
-                     drv->name);
-    if (err)
-        err->code = -ENOTSUP;
-    return -ENOTSUP;
+        return bi_error_setc(err, -ENOTSUP,
+                             "Could not open '%s': Image format '%s' is not "
+                             "supported by blkimg yet",
+                             filename, drv->name);
+    return bi_error_setc(err, -ENOTSUP,
+                         "Image format '%s' is not supported by blkimg yet",
+                         drv->name);
 }
 
 /* Probes the format of the image on file as QEMU 7.2 does: an empty file

@@ -232,25 +232,16 @@ static int file_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
     if (s->fd < 0) {
         ret = -errno;
         if (ret == -EINVAL && s->direct) {
-            bi_error_set(err, 0,
-                         "Could not open '%s': filesystem does not support "
-                         "O_DIRECT: %s (try cache=writeback)",
-                         n->filename, strerror(EINVAL));
-            if (err) {
-                err->code = -EINVAL;
-            }
-            return -EINVAL;
+            return bi_error_setc(err, -EINVAL,
+                                 "Could not open '%s': filesystem does not "
+                                 "support O_DIRECT: %s (try cache=writeback)",
+                                 n->filename, strerror(EINVAL));
         }
-        bi_error_set(err, ret, "Could not open '%s'", n->filename);
         /* A read-only filesystem is a permission problem for callers (the
          * message keeps the real cause), as in QEMU. */
-        if (ret == -EROFS) {
-            ret = -EACCES;
-            if (err) {
-                err->code = ret;
-            }
-        }
-        return ret;
+        return bi_error_setc(err, ret == -EROFS ? -EACCES : ret,
+                             "Could not open '%s': %s", n->filename,
+                             strerror(-ret));
     }
     s->open_flags = flags;
 

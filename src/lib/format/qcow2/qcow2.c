@@ -23,10 +23,7 @@ int qc_error(bi_error *err, int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
-    bi_error_set(err, 0, "%s", buf);
-    if (err && err->code == 0)
-        err->code = code;
-    return code;
+    return bi_error_setc(err, code, "%s", buf);
 }
 
 /* ------------------------------------------------------------ L2 entries */

@@ -29,10 +29,7 @@ void qc_free_snapshots(qcow2_state *s)
 
 static int snap_err(bi_error *err, int code, const char *msg)
 {
-    bi_error_set(err, 0, "%s", msg);
-    if (err && !err->code)
-        err->code = code;
-    return code;
+    return bi_error_setc(err, code, "%s", msg);
 }
 
 int qc_read_snapshots(bi_node *n, bi_error *err)
