@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* bi_error: one line, strerror text appended, first error wins, prefixes. */
 #include "blkimg/blkimg.h"
-#include "tap.h"
 #include "format/qcow2/qcow2.h"
 #include "format/vdi/vdi.h"
+#include "tap.h"
 #include "util/util.h"
 
 #include <errno.h>
