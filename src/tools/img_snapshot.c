@@ -115,18 +115,18 @@ int img_snapshot(int argc, char **argv)
     bi_error_init(&err);
     switch (action) {
     case SN_LIST: {
-        struct bi_snapshot_info *v = NULL;
+        struct bi_snapshot_info **v = NULL;
         int cnt = 0;
         if (bi_snapshot_list(n, &v, &cnt, &err) == 0 && cnt > 0) {
             printf("Snapshot list:\n");
             dump_one(NULL);
             printf("\n");
             for (int i = 0; i < cnt; i++) {
-                dump_one(&v[i]);
+                dump_one(v[i]);
                 printf("\n");
             }
         }
-        free(v);
+        bi_snapshot_list_free(v, cnt);
         break;
     }
     case SN_CREATE:

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* Public wrappers for the image operations (blkimg/image_ops.h). */
 #include "blkimg/image_ops.h"
+#include "blkimg/qcow2.h"
 #include "block/block.h"
+#include "util/util.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -199,7 +201,7 @@ int bi_snapshot_load_tmp(bi_node *node, const char *id, const char *name,
     return bi_run_co(load_tmp_co, &a);
 }
 
-int bi_snapshot_list(bi_node *node, struct bi_snapshot_info **out, int *count,
+int bi_snapshot_list(bi_node *node, struct bi_snapshot_info ***out, int *count,
                      bi_error *err)
 {
     (void)err;
@@ -291,7 +293,19 @@ bool bi_bitmap_supported(bi_node *node)
     return node->drv->bitmap && node->drv->bitmap->supported(node);
 }
 
-int bi_bitmap_list(bi_node *node, struct bi_bitmap_info **out, int *count)
+void bi_snapshot_list_free(struct bi_snapshot_info **v, int count)
+{
+    for (int i = 0; v && i < count; i++) {
+        if (v[i]) {
+            free(v[i]->id);
+            free(v[i]->name);
+            free(v[i]);
+        }
+    }
+    free(v);
+}
+
+int bi_bitmap_list(bi_node *node, struct bi_bitmap_info ***out, int *count)
 {
     *out = NULL;
     *count = 0;
@@ -300,9 +314,41 @@ int bi_bitmap_list(bi_node *node, struct bi_bitmap_info **out, int *count)
     return node->drv->bitmap->list(node, out, count);
 }
 
-void bi_bitmap_list_free(struct bi_bitmap_info *v, int count)
+void bi_bitmap_list_free(struct bi_bitmap_info **v, int count)
 {
-    for (int i = 0; v && i < count; i++)
-        free(v[i].name);
+    for (int i = 0; v && i < count; i++) {
+        if (v[i]) {
+            free(v[i]->name);
+            free(v[i]);
+        }
+    }
     free(v);
+}
+
+struct check_args {
+    bi_node *n;
+    int fix;
+    struct bi_check_result *res;
+    bi_error *err;
+};
+
+static int check_co(void *opaque)
+{
+    struct check_args *a = opaque;
+    return a->n->drv->check(a->n, a->res, a->fix, a->err);
+}
+
+int bi_check_sized(bi_node *node, int fix, struct bi_check_result *result,
+                   size_t size, bi_error *err)
+{
+    struct bi_check_result full;
+    int ret = -ENOTSUP;
+
+    memset(&full, 0, sizeof(full));
+    if (node->drv->check) {
+        struct check_args a = {node, fix, &full, err};
+        ret = bi_run_co(check_co, &a);
+    }
+    bi_struct_out(result, size, &full, sizeof(full));
+    return ret;
 }

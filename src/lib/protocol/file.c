@@ -1091,14 +1091,14 @@ static int file_storage_info(bi_node *n, struct bi_storage_info *out)
         return -errno;
     }
     if (S_ISCHR(st.st_mode)) {
-        snprintf(out->filesystem, sizeof(out->filesystem), "character device");
+        out->filesystem = "character device";
         return 0;
     }
     if (s->is_blk) {
         int lss = 0;
         unsigned int pss = 0;
         out->is_block_device = true;
-        snprintf(out->filesystem, sizeof(out->filesystem), "block device");
+        out->filesystem = "block device";
         if (ioctl(s->fd, BLKSSZGET, &lss) == 0 && lss > 0) {
             out->logical_sector_size = (uint32_t)lss;
         }
@@ -1108,10 +1108,9 @@ static int file_storage_info(bi_node *n, struct bi_storage_info *out)
         return 0;
     }
     if (fstatfs(s->fd, &sf) == 0) {
-        snprintf(out->filesystem, sizeof(out->filesystem), "%s",
-                 bi_file_fs_name((long)sf.f_type));
+        out->filesystem = bi_file_fs_name((long)sf.f_type);
     } else {
-        snprintf(out->filesystem, sizeof(out->filesystem), "unknown");
+        out->filesystem = "unknown";
     }
     if (major(st.st_dev) != 0) {
         sysfs_sector_sizes(major(st.st_dev), minor(st.st_dev),

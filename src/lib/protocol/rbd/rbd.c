@@ -636,7 +636,7 @@ static int rbd_drv_get_info(bi_node *n, struct bi_image_info *info,
 static int rbd_storage_info(bi_node *n, struct bi_storage_info *out)
 {
     (void)n;
-    snprintf(out->filesystem, sizeof(out->filesystem), "rbd");
+    out->filesystem = "rbd";
     return 0;
 }
 
@@ -726,7 +726,7 @@ static int rbd_drv_create(const char *filename, const struct bi_create_opts *o,
 
 /* The image's snapshots as QEMU lists them: the name as id and tag, the
  * image size at the snapshot as VM size, no dates. */
-static int rbd_snap_list_all(bi_node *n, struct bi_snapshot_info **out,
+static int rbd_snap_list_all(bi_node *n, struct bi_snapshot_info ***out,
                              int *count)
 {
     struct rbd_state *s = n->opaque;
@@ -746,9 +746,11 @@ static int rbd_snap_list_all(bi_node *n, struct bi_snapshot_info **out,
     }
     *out = bi_xzalloc(sizeof(**out) * (size_t)ret);
     for (int i = 0; i < ret; i++) {
-        snprintf((*out)[i].id, sizeof((*out)[i].id), "%s", snaps[i].name);
-        snprintf((*out)[i].name, sizeof((*out)[i].name), "%s", snaps[i].name);
-        (*out)[i].vm_state_size = snaps[i].size;
+        struct bi_snapshot_info *sn = bi_xzalloc(sizeof(*sn));
+        sn->id = bi_xstrdup(snaps[i].name);
+        sn->name = bi_xstrdup(snaps[i].name);
+        sn->vm_state_size = snaps[i].size;
+        (*out)[i] = sn;
     }
     *count = ret;
     rbd_snap_list_end(snaps);
