@@ -28,7 +28,8 @@
  *   bi_measure, bi_check);
  * fields beyond the program's size take their defaults on the way in and
  * are left out on the way out. Strings are pointers, not arrays; lists of
- * structs are arrays of pointers, so that an element can grow too.
+ * structs are arrays of pointers, so that an element can grow too. The
+ * exception is bi_error, frozen (see there).
  */
 #ifndef BLKIMG_H
 #define BLKIMG_H
@@ -48,6 +49,10 @@ extern "C" {
 
 /* ------------------------------------------------------------------ errors */
 
+/* The one struct of the API that does not grow: a caller's buffer for one
+ * line, needing no free, so that every call can take one on the stack.
+ * Its layout is frozen (a longer line is cut at 1023 bytes); more detail
+ * about an error would come from new calls, not new fields. */
 typedef struct bi_error {
     int code;       /* negative errno, 0 if unset */
     char msg[1024]; /* one line, no trailing newline */
