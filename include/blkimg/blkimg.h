@@ -67,6 +67,9 @@ typedef struct bi_error {
 enum bi_message_kind {
     BI_MESSAGE_WARNING,
     BI_MESSAGE_CHECK, /* a finding or repair of bi_check */
+    /* An error line QEMU's driver reports on its own, besides the error
+     * the call returns (qemu-img prints it with its name in front). */
+    BI_MESSAGE_ERROR,
 };
 typedef void bi_message_fn(void *opaque, enum bi_message_kind kind,
                            const char *message);

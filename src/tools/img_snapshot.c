@@ -56,7 +56,7 @@ int img_snapshot(int argc, char **argv)
     tool_image_init(&ti);
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":la:c:d:f:hqU", long_opts, NULL)) !=
+    while ((c = getopt_long(argc, argv, ":la:c:d:hqU", long_opts, NULL)) !=
            -1) {
         switch (c) {
         case ':':
@@ -68,9 +68,6 @@ int img_snapshot(int argc, char **argv)
                    "filename\n",
                    tool_prog);
             return 0;
-        case 'f':
-            ti.fmt = optarg;
-            break;
         case 'l':
         case 'a':
         case 'c':

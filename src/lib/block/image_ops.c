@@ -150,12 +150,17 @@ static int snap_co(void *opaque)
     }
 }
 
-/* Runs one snapshot operation, or refuses it as QEMU does for a format
- * without snapshots. */
+/* Runs one snapshot operation on the node that holds the snapshots (a
+ * raw image's protocol, as in QEMU), or refuses it as QEMU does for a
+ * format without snapshots. */
 static int snap_op(bi_node *n, const char *name, enum snap_op op, bi_error *err)
 {
     static const char *const what[] = {"create", "apply", "delete"};
-    if (!n->drv->snapshot) {
+    n = bi_snapshot_node(n);
+    const struct bi_snapshot_ops *ops = n->drv->snapshot;
+    if (!ops || !(op == SNAP_CREATE  ? ops->co_create
+                  : op == SNAP_APPLY ? ops->co_apply
+                                     : ops->co_delete)) {
         bi_error_set(err, 0,
                      "Could not %s snapshot '%s': -95 (Operation not "
                      "supported)",
@@ -190,7 +195,7 @@ static int load_tmp_co(void *opaque)
 int bi_snapshot_load_tmp(bi_node *node, const char *id, const char *name,
                          bi_error *err)
 {
-    if (!node->drv->snapshot) {
+    if (!node->drv->snapshot || !node->drv->snapshot->co_load_tmp) {
         bi_error_set(err, 0,
                      "Block format '%s' used by device '' does not support "
                      "temporarily loading internal snapshots",
