@@ -21,7 +21,7 @@
 #   make install      meson install (PREFIX=/usr/local, DESTDIR honoured):
 #                     tools, library, headers, pkg-config file, man pages,
 #                     bash completion
-#   make symbols      rewrite debian/libblkimg0.symbols (the exported
+#   make symbols      rewrite debian/libblkimg1.symbols (the exported
 #                     symbols on record) from build/libblkimg.so
 #   make format       clang-format -i on every C file
 #   make clean        remove build/, build-asan/, build-fuzz/ and demo/
@@ -94,7 +94,7 @@ install: $(BUILD)/build.ninja
 # The library's exported symbols on record: new symbols get the project's
 # version as their minimum version, listed ones keep theirs.
 symbols: build
-	@python3 scripts/libsymbols.py update debian/libblkimg0.symbols \
+	@python3 scripts/libsymbols.py update debian/libblkimg1.symbols \
 		$(BUILD)/libblkimg.so \
 		$$(sed -n "s/^  version : '\(.*\)',$$/\1/p" meson.build | head -n 1)
 

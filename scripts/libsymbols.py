@@ -12,7 +12,7 @@ built library exports, and the stored list they are checked against.
       prints the library's exported symbols as `nm -D --defined-only`
       lists them ("name@VERSION"), sorted
   libsymbols.py update SYMBOLS_FILE LIBRARY VERSION
-      rewrites the stored list (debian/libblkimg0.symbols, dpkg-gensymbols
+      rewrites the stored list (debian/libblkimg1.symbols, dpkg-gensymbols
       format) from the built library: symbols already listed keep their
       minimum version, new ones get VERSION, vanished ones are dropped
       (`make symbols` runs this)

@@ -307,7 +307,7 @@ int main(int argc, char **argv)
     if (argc >= 5 && !strcmp(argv[1], "create")) {
         struct bi_create_opts c;
         uint64_t size;
-        memset(&c, 0, sizeof(c));
+        bi_create_opts_init(&c);
         c.format = "raw";
         bi_parse_size(argv[3], &size);
         c.size = size;

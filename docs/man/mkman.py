@@ -61,8 +61,33 @@ def wrap(decl):
     return lines
 
 
+def sized_macros(protos):
+    """{name: (header, declaration)} for the calls that are macros over a
+    NAME_sized function (the structs that grow, blkimg.h): the function's
+    declaration under the macro's name without its size_t size argument,
+    which the macro fills in."""
+    out = {}
+    for f, (h, decl) in protos.items():
+        if not f.endswith("_sized"):
+            continue
+        name = f[:-len("_sized")]
+        m = re.search(r"(\w+)\s*,\s*size_t size(?=[,)])", decl)
+        if not m:
+            continue
+        d = decl.replace(f + "(", name + "(", 1)
+        d = re.sub(r",\s*size_t size(?=[,)])", "", d)
+        out[name] = (h, d, "/* a macro: %s() with sizeof(*%s) */"
+                     % (f, m.group(1)))
+    return out
+
+
 def prototypes(functions, headers, src):
     protos = libsymbols.header_prototypes(headers)
+    notes = {}
+    for name, (h, decl, note) in sized_macros(protos).items():
+        if name not in protos:
+            protos[name] = (h, decl)
+            notes[name] = note
     missing = [f for f in functions if f not in protos]
     if missing:
         sys.exit("mkman: %s names functions no public header declares: %s"
@@ -76,6 +101,8 @@ def prototypes(functions, headers, src):
     out.append("")
     for f in functions:
         out += wrap(protos[f][1])
+        if f in notes:
+            out.append("    " + notes[f])
     return out
 
 

@@ -14,6 +14,22 @@
  * Threading: the block layer runs in one thread (the thread that opened the
  * images). Concurrency comes from many requests in flight: the aio calls
  * submit and return; bi_aio_poll() runs completions.
+ *
+ * Structs that grow: a struct of this API only ever grows, by fields added
+ * at its end, and a program built with an older header keeps working with
+ * a newer library. For that the library learns the size of each struct as
+ * the program was built:
+ * - option structs (bi_open_opts, bi_create_opts, bi_convert_opts) carry
+ *   it in their first field, struct_size, which their _init macro sets; a
+ *   call given one whose struct_size is 0 (never initialised) fails with
+ * -EINVAL;
+ * - the functions that fill a struct are macros that pass sizeof(*out)
+ *   along (bi_get_info, bi_storage_info, bi_node_stats, bi_block_status,
+ *   bi_measure, bi_check);
+ * fields beyond the program's size take their defaults on the way in and
+ * are left out on the way out. Strings are pointers, not arrays; lists of
+ * structs are arrays of pointers, so that an element can grow too. The
+ * exception is bi_error, frozen (see there).
  */
 #ifndef BLKIMG_H
 #define BLKIMG_H
@@ -33,6 +49,10 @@ extern "C" {
 
 /* ------------------------------------------------------------------ errors */
 
+/* The one struct of the API that does not grow: a caller's buffer for one
+ * line, needing no free, so that every call can take one on the stack.
+ * Its layout is frozen (a longer line is cut at 1023 bytes); more detail
+ * about an error would come from new calls, not new fields. */
 typedef struct bi_error {
     int code;       /* negative errno, 0 if unset */
     char msg[1024]; /* one line, no trailing newline */
@@ -47,6 +67,9 @@ typedef struct bi_error {
 enum bi_message_kind {
     BI_MESSAGE_WARNING,
     BI_MESSAGE_CHECK, /* a finding or repair of bi_check */
+    /* An error line QEMU's driver reports on its own, besides the error
+     * the call returns (qemu-img prints it with its name in front). */
+    BI_MESSAGE_ERROR,
 };
 typedef void bi_message_fn(void *opaque, enum bi_message_kind kind,
                            const char *message);
@@ -54,7 +77,13 @@ BI_EXPORT void bi_set_message_handler(bi_message_fn *fn, void *opaque);
 
 BI_EXPORT void bi_error_init(bi_error *err);
 /* Sets err (if err is non-NULL and not already set). If errnum != 0,
- * ": <strerror(errnum)>" is appended to the formatted message. */
+ * ": <strerror(errnum)>" is appended to the formatted message.
+ *
+ * The rule for codes: the call that sets the message sets the code, and
+ * nothing changes either afterwards (the first error wins). With an errnum
+ * the code is -|errnum|; without one (errnum 0) it is -EINVAL. Inside the
+ * library, a message without strerror text but with another code is set by
+ * bi_error_setc (util/util.h), which the drivers' helpers call. */
 BI_EXPORT void bi_error_set(bi_error *err, int errnum, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* Prefixes an already set message: "<prefix>: <old message>". */
@@ -92,6 +121,7 @@ BI_EXPORT int bi_aio_select(enum bi_aio aio, bi_error *err);
 typedef struct bi_node bi_node;
 
 struct bi_open_opts {
+    size_t struct_size;  /* sizeof(struct bi_open_opts): bi_open_opts_init */
     const char *format;  /* NULL: probe */
     enum bi_cache cache; /* data cache mode */
     bool read_write;
@@ -119,7 +149,9 @@ struct bi_open_opts {
      * "export=disk"). With them the file name may be NULL. */
     const char *const *protocol_opts;
 };
-BI_EXPORT void bi_open_opts_init(struct bi_open_opts *o);
+/* Sets the defaults and o->struct_size (use the macro). */
+BI_EXPORT void bi_open_opts_init_sized(struct bi_open_opts *o, size_t size);
+#define bi_open_opts_init(o) bi_open_opts_init_sized((o), sizeof(*(o)))
 
 BI_EXPORT bi_node *bi_open(const char *filename, const struct bi_open_opts *o,
                            bi_error *err);
@@ -170,12 +202,17 @@ BI_EXPORT const struct bi_limits *bi_node_limits(const bi_node *n);
 /* What `blkimg probe` shows, for a protocol node (file). */
 struct bi_storage_info {
     uint32_t page_size;
-    char filesystem[32]; /* "ext4", "xfs", "tmpfs", "block device", ... */
+    /* "ext4", "xfs", "tmpfs", "block device", ...: valid while the node is
+     * open. */
+    const char *filesystem;
     uint32_t logical_sector_size;  /* 0 if unknown */
     uint32_t physical_sector_size; /* 0 if unknown */
     bool is_block_device;
 };
-BI_EXPORT int bi_storage_info(bi_node *n, struct bi_storage_info *out);
+BI_EXPORT int bi_storage_info_sized(bi_node *n, struct bi_storage_info *out,
+                                    size_t size);
+#define bi_storage_info(n, out)                                                \
+    bi_storage_info_sized((n), (out), sizeof(*(out)))
 
 /* Per-node counters (for --stats). */
 struct bi_stats {
@@ -186,7 +223,9 @@ struct bi_stats {
     uint64_t rmw_ops;          /* read-modify-write padding operations */
     uint64_t serialised_waits; /* requests that waited on overlap */
 };
-BI_EXPORT void bi_node_stats(const bi_node *n, struct bi_stats *out);
+BI_EXPORT void bi_node_stats_sized(const bi_node *n, struct bi_stats *out,
+                                   size_t size);
+#define bi_node_stats(n, out) bi_node_stats_sized((n), (out), sizeof(*(out)))
 
 /* Memory for I/O, aligned to the node's optimal memory alignment. */
 BI_EXPORT void *bi_blockalign(bi_node *n, size_t size);
@@ -273,11 +312,16 @@ struct bi_status {
 };
 /* Status of this node only: unallocated ranges are not looked up in the
  * backing chain. */
-BI_EXPORT int bi_block_status(bi_node *n, uint64_t off, uint64_t len,
-                              struct bi_status *st);
+BI_EXPORT int bi_block_status_sized(bi_node *n, uint64_t off, uint64_t len,
+                                    struct bi_status *st, size_t size);
+#define bi_block_status(n, off, len, st)                                       \
+    bi_block_status_sized((n), (off), (len), (st), sizeof(*(st)))
 /* Status through the backing chain down to (excluding) base; NULL = all. */
-BI_EXPORT int bi_block_status_above(bi_node *n, bi_node *base, uint64_t off,
-                                    uint64_t len, struct bi_status *st);
+BI_EXPORT int bi_block_status_above_sized(bi_node *n, bi_node *base,
+                                          uint64_t off, uint64_t len,
+                                          struct bi_status *st, size_t size);
+#define bi_block_status_above(n, base, off, len, st)                           \
+    bi_block_status_above_sized((n), (base), (off), (len), (st), sizeof(*(st)))
 
 /* ------------------------------------------------------------- formats */
 
@@ -356,9 +400,11 @@ BI_EXPORT int bi_create_opt_list_at(const char *format, const char *filename,
 BI_EXPORT const struct bi_opt_desc *bi_create_opt_find_at(const char *format,
                                                           const char *filename,
                                                           const char *key);
-/* The options amend takes for format, as its -o help lists them; NULL if
- * the format cannot amend (or is unknown). */
-BI_EXPORT const struct bi_opt_desc *bi_amend_opts(const char *format);
+/* The options amend takes for format, as its -o help lists them: *out is
+ * a malloc'd array of *n pointers into the driver's table (free() it).
+ * 0, or -ENOTSUP if the format cannot amend (or is unknown). */
+BI_EXPORT int bi_amend_opt_list(const char *format,
+                                const struct bi_opt_desc ***out, int *n);
 /* The runtime option (--image-opts, blkimg-io open -o) key of format, or
  * NULL if format does not know it. Mind BI_OPT_REFUSED. */
 BI_EXPORT const struct bi_opt_desc *bi_runtime_opt_find(const char *format,
@@ -374,6 +420,7 @@ typedef void bi_create_describe_cb(void *opaque, const char *filename,
                                    int n);
 
 struct bi_create_opts {
+    size_t struct_size; /* sizeof(struct bi_create_opts): the _init macro */
     const char *format; /* a format driver's name */
     uint64_t size;
     bool size_set;
@@ -389,6 +436,9 @@ struct bi_create_opts {
     bi_create_describe_cb *describe;
     void *describe_opaque;
 };
+/* Sets the defaults (all empty) and o->struct_size (use the macro). */
+BI_EXPORT void bi_create_opts_init_sized(struct bi_create_opts *o, size_t size);
+#define bi_create_opts_init(o) bi_create_opts_init_sized((o), sizeof(*(o)))
 /* Creates filename as o says; the format driver does the work. */
 BI_EXPORT int bi_create(const char *filename, const struct bi_create_opts *o,
                         bi_error *err);
@@ -396,8 +446,8 @@ BI_EXPORT int bi_create(const char *filename, const struct bi_create_opts *o,
 /* ------------------------------------------------------------------- info */
 
 struct bi_snapshot_info {
-    char id[128];
-    char name[256];
+    char *id;   /* malloc'd, never NULL */
+    char *name; /* malloc'd, never NULL ("" if none) */
     uint64_t vm_state_size;
     uint64_t date_sec;
     uint32_t date_nsec;
@@ -405,7 +455,7 @@ struct bi_snapshot_info {
     uint64_t icount; /* UINT64_MAX if absent */
 };
 struct bi_image_info {
-    char format[32];
+    const char *format; /* the driver's name (a static string) */
     uint64_t virtual_size;
     int64_t actual_size;      /* -1 if unknown */
     uint64_t cluster_size;    /* 0 if none */
@@ -413,19 +463,27 @@ struct bi_image_info {
     bool encrypted;
     bool has_dirty_flag;
     bool dirty_flag;
-    char backing_filename[1024];      /* as stored in the image */
-    char full_backing_filename[4096]; /* resolved */
-    char backing_format[32];
+    /* Backing file, malloc'd, NULL if none: as stored in the image,
+     * resolved (NULL if unknown), and its format as stored (NULL if
+     * none). */
+    char *backing_filename;
+    char *full_backing_filename;
+    char *backing_format;
     /* qemu-img info's "format-specific" "data" (its "type" is the format
      * name): an object the driver fills, NULL if it has nothing to say.
      * bi_info_free frees it. */
     bi_value *specific;
     int n_snapshots;
-    struct bi_snapshot_info *snapshots; /* malloc'd; freed by bi_info_free */
+    struct bi_snapshot_info **snapshots; /* freed by bi_info_free */
 };
-BI_EXPORT int bi_get_info(bi_node *n, struct bi_image_info *info,
-                          bi_error *err);
-BI_EXPORT void bi_info_free(struct bi_image_info *info);
+/* Fills *info (use the macro); bi_info_free releases it, also after a
+ * failure. */
+BI_EXPORT int bi_get_info_sized(bi_node *n, struct bi_image_info *info,
+                                size_t size, bi_error *err);
+#define bi_get_info(n, info, err)                                              \
+    bi_get_info_sized((n), (info), sizeof(*(info)), (err))
+BI_EXPORT void bi_info_free_sized(struct bi_image_info *info, size_t size);
+#define bi_info_free(info) bi_info_free_sized((info), sizeof(*(info)))
 
 /* ---------------------------------------------------------------- objects */
 

@@ -55,6 +55,7 @@ enum bi_copy_mode {
 typedef void bi_copy_step_cb(void *opaque);
 
 struct bi_convert_opts {
+    size_t struct_size;  /* sizeof(struct bi_convert_opts): the _init macro */
     bi_node *const *src; /* sources, concatenated in order */
     int n_src;
     bi_node *dst;
@@ -92,7 +93,10 @@ struct bi_convert_opts {
     void *step_opaque;
 };
 
-BI_EXPORT void bi_convert_opts_init(struct bi_convert_opts *o);
+/* Sets the defaults and o->struct_size (use the macro). */
+BI_EXPORT void bi_convert_opts_init_sized(struct bi_convert_opts *o,
+                                          size_t size);
+#define bi_convert_opts_init(o) bi_convert_opts_init_sized((o), sizeof(*(o)))
 
 /* Runs the copy. On failure err gets one line such as "error while
  * writing at byte 1048576: No space left on device". */
@@ -109,8 +113,11 @@ struct bi_measure {
 /* Sizes a new image of format with creation options (-o,
  * NULL-terminated "key=value") would need: for the contents of src if
  * non-NULL, else for an empty image of the size in the options. */
-BI_EXPORT int bi_measure(const char *format, const char *const *options,
-                         bi_node *src, struct bi_measure *out, bi_error *err);
+BI_EXPORT int bi_measure_sized(const char *format, const char *const *options,
+                               bi_node *src, struct bi_measure *out,
+                               size_t size, bi_error *err);
+#define bi_measure(format, options, src, out, err)                             \
+    bi_measure_sized((format), (options), (src), (out), sizeof(*(out)), (err))
 
 #ifdef __cplusplus
 }

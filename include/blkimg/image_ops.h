@@ -54,9 +54,11 @@ BI_EXPORT int bi_amend(bi_node *n, const char *const *options, bool force,
 
 /* Internal snapshots (qemu-img snapshot; formats that have them). */
 struct bi_snapshot_info; /* blkimg.h */
-/* Lists the snapshots: *out is malloc'd (free() it), *count entries. */
-BI_EXPORT int bi_snapshot_list(bi_node *node, struct bi_snapshot_info **out,
+/* Lists the snapshots: *out is a malloc'd array of *count malloc'd
+ * entries; bi_snapshot_list_free releases it. */
+BI_EXPORT int bi_snapshot_list(bi_node *node, struct bi_snapshot_info ***out,
                                int *count, bi_error *err);
+BI_EXPORT void bi_snapshot_list_free(struct bi_snapshot_info **v, int count);
 /* Creates a snapshot of the current state named name (the id is the next
  * free number). The node must be open read-write. */
 BI_EXPORT int bi_snapshot_create(bi_node *node, const char *name,
@@ -104,9 +106,11 @@ struct bi_bitmap_info {
     bool enabled; /* tracks guest writes ("auto") */
     bool in_use;  /* inconsistent: not saved after use */
 };
-BI_EXPORT int bi_bitmap_list(bi_node *node, struct bi_bitmap_info **out,
+/* *out is a malloc'd array of *count malloc'd entries;
+ * bi_bitmap_list_free releases it. */
+BI_EXPORT int bi_bitmap_list(bi_node *node, struct bi_bitmap_info ***out,
                              int *count);
-BI_EXPORT void bi_bitmap_list_free(struct bi_bitmap_info *v, int count);
+BI_EXPORT void bi_bitmap_list_free(struct bi_bitmap_info **v, int count);
 
 #ifdef __cplusplus
 }

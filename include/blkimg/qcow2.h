@@ -36,12 +36,16 @@ enum bi_check_fix {
 };
 
 /* Checks (and with fix, repairs) the image of node, which must have been
- * opened read-write to fix. Messages about individual problems go to
- * stderr in qemu-img's words. Returns 0 when the check ran (whatever it
- * found; see result), -ENOTSUP if the format has no check, or another
- * negative errno if the check itself failed (err set). */
-BI_EXPORT int bi_check(bi_node *node, int fix, struct bi_check_result *result,
-                       bi_error *err);
+ * opened read-write to fix. Messages about individual problems go to the
+ * message handler (BI_MESSAGE_CHECK) in qemu-img's words. Returns 0 when
+ * the check ran (whatever it found; see result), -ENOTSUP if the format
+ * has no check, or another negative errno if the check itself failed (err
+ * set). */
+BI_EXPORT int bi_check_sized(bi_node *node, int fix,
+                             struct bi_check_result *result, size_t size,
+                             bi_error *err);
+#define bi_check(node, fix, result, err)                                       \
+    bi_check_sized((node), (fix), (result), sizeof(*(result)), (err))
 
 #ifdef __cplusplus
 }

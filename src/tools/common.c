@@ -17,13 +17,15 @@
 const char *tool_prog = "blkimg";
 
 /* The library's messages (warnings, check findings) go to stderr as they
- * are, as qemu-img prints its own. */
+ * are, as qemu-img prints its own; error lines with the program's name. */
 static void print_message(void *opaque, enum bi_message_kind kind,
                           const char *message)
 {
     (void)opaque;
-    (void)kind;
-    fprintf(stderr, "%s\n", message);
+    if (kind == BI_MESSAGE_ERROR)
+        fprintf(stderr, "%s: %s\n", tool_prog, message);
+    else
+        fprintf(stderr, "%s\n", message);
 }
 
 void tool_install_message_handler(void)

@@ -26,15 +26,12 @@ char **cv_optlist_strv(const struct bi_optlist *l);
 /* qemu-img amend's -o help: the format's amend options, sorted. */
 static int print_amend_help(const char *fmt)
 {
-    const struct bi_opt_desc *opts = bi_amend_opts(fmt);
-    if (opts) {
-        const struct bi_opt_desc *v[64];
-        int n = 0;
-        for (; opts[n].name && n < (int)BI_ARRAY_SIZE(v); n++) {
-            v[n] = &opts[n];
-        }
+    const struct bi_opt_desc **v;
+    int n;
+    if (bi_amend_opt_list(fmt, &v, &n) == 0) {
         printf("Amend options for '%s':\n", fmt);
         img_print_opt_list(v, n);
+        free(v);
         return 0;
     }
     if (bi_format_exists(fmt) < 0) {

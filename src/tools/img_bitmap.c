@@ -249,7 +249,7 @@ int cv_check_bitmaps(bi_node *src, bool skip_broken)
         tool_error("Source lacks bitmap support");
         return -1;
     }
-    struct bi_bitmap_info *v;
+    struct bi_bitmap_info **v;
     int cnt;
     if (bi_bitmap_list(src, &v, &cnt) < 0) {
         tool_error("Source lacks bitmap support");
@@ -258,8 +258,8 @@ int cv_check_bitmaps(bi_node *src, bool skip_broken)
     int ret = 0;
     /* QEMU walks its list of bitmaps: the directory backwards */
     for (int i = cnt - 1; i >= 0 && !skip_broken; i--) {
-        if (v[i].in_use) {
-            tool_error("Cannot copy inconsistent bitmap '%s'", v[i].name);
+        if (v[i]->in_use) {
+            tool_error("Cannot copy inconsistent bitmap '%s'", v[i]->name);
             fprintf(stderr, "Try --skip-broken-bitmaps, or use 'qemu-img "
                             "bitmap --remove' to delete it\n");
             ret = -1;
@@ -275,47 +275,47 @@ int cv_check_bitmaps(bi_node *src, bool skip_broken)
  * QEMU stores them in); name clashes are reported in QEMU's order. */
 int cv_copy_bitmaps(bi_node *src, bi_node *dst, bool skip_broken)
 {
-    struct bi_bitmap_info *v, *have = NULL;
+    struct bi_bitmap_info **v, **have = NULL;
     int cnt, nhave = 0, ret = 0;
     if (bi_bitmap_list(src, &v, &cnt) < 0)
         return -1;
     if (bi_bitmap_list(dst, &have, &nhave) < 0)
         nhave = 0;
     for (int i = cnt - 1; i >= 0; i--) {
-        if (skip_broken && v[i].in_use) {
+        if (skip_broken && v[i]->in_use) {
             fprintf(stderr, "%s: warning: Skipping inconsistent bitmap '%s'\n",
-                    tool_prog, v[i].name);
+                    tool_prog, v[i]->name);
             continue;
         }
         for (int j = 0; j < nhave; j++) {
-            if (!strcmp(have[j].name, v[i].name)) {
+            if (!strcmp(have[j]->name, v[i]->name)) {
                 tool_error("Failed to create bitmap %s: Bitmap already "
                            "exists: %s",
-                           v[i].name, v[i].name);
+                           v[i]->name, v[i]->name);
                 ret = -1;
                 goto out;
             }
         }
     }
     for (int i = 0; i < cnt; i++) {
-        if (v[i].in_use)
+        if (v[i]->in_use)
             continue; /* skipped (warned above) */
         bi_error err;
         bi_error_init(&err);
-        int r = bi_bitmap_add(dst, v[i].name, v[i].granularity, !v[i].enabled,
-                              &err);
+        int r = bi_bitmap_add(dst, v[i]->name, v[i]->granularity,
+                              !v[i]->enabled, &err);
         if (r < 0) {
             char *prefix =
-                bi_xasprintf("Failed to create bitmap %s", v[i].name);
-            report(prefix, v[i].name, NULL, dst, r, &err);
+                bi_xasprintf("Failed to create bitmap %s", v[i]->name);
+            report(prefix, v[i]->name, NULL, dst, r, &err);
             free(prefix);
             ret = -1;
             break;
         }
         bi_error_init(&err);
-        r = bi_bitmap_merge(dst, v[i].name, src, v[i].name, &err);
+        r = bi_bitmap_merge(dst, v[i]->name, src, v[i]->name, &err);
         if (r < 0) {
-            tool_error("Failed to populate bitmap %s: %s", v[i].name,
+            tool_error("Failed to populate bitmap %s: %s", v[i]->name,
                        err.msg[0] ? err.msg : strerror(-r));
             ret = -1;
             break;

@@ -46,8 +46,10 @@ static bi_node *find_base(bi_node *top, const char *name, bi_node **overlay)
         bi_error err;
         bool match = !strcmp(name, bi_node_filename(b));
         bi_error_init(&err);
-        if (!match && bi_get_info(o, &info, &err) == 0) {
-            match = !strcmp(name, info.backing_filename);
+        if (!match) {
+            if (bi_get_info(o, &info, &err) == 0)
+                match = info.backing_filename &&
+                        !strcmp(name, info.backing_filename);
             bi_info_free(&info);
         }
         if (!match) {

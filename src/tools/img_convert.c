@@ -753,7 +753,7 @@ static int create_target(struct cv_run *r)
     struct bi_create_opts co;
     bi_error err;
 
-    memset(&co, 0, sizeof(co));
+    bi_create_opts_init(&co);
     co.format = a->out_fmt;
     co.size = r->total;
     co.size_set = true;

@@ -482,7 +482,7 @@ int img_create(int argc, char **argv)
     }
 
     struct bi_create_opts co;
-    memset(&co, 0, sizeof(co));
+    bi_create_opts_init(&co);
     co.format = fmt;
     co.size = img_size;
     co.size_set = true;

@@ -165,7 +165,7 @@ int img_dd(int argc, char **argv)
     }
     bool beyond = has_skip && (skip > INT64_MAX / bsz || size < bsz * skip);
     struct bi_create_opts co;
-    memset(&co, 0, sizeof(co));
+    bi_create_opts_init(&co);
     co.format = out_fmt;
     /* image sizes are whole sectors, as qemu-img's create makes them */
     co.size = beyond ? 0 : bi_align_up((uint64_t)(size - bsz * skip), 512);

@@ -57,14 +57,14 @@ static bi_value *info_to_value(struct info_item *it)
     if (info->encrypted) {
         bi_value_set(o, "encrypted", bi_value_bool(true));
     }
-    if (info->backing_filename[0]) {
+    if (info->backing_filename) {
         bi_value_set(o, "backing-filename",
                      bi_value_string(info->backing_filename));
         if (it->full_backing) {
             bi_value_set(o, "full-backing-filename",
                          bi_value_string(it->full_backing));
         }
-        if (info->backing_format[0]) {
+        if (info->backing_format) {
             bi_value_set(o, "backing-filename-format",
                          bi_value_string(info->backing_format));
         }
@@ -72,7 +72,7 @@ static bi_value *info_to_value(struct info_item *it)
     if (info->n_snapshots > 0) {
         bi_value *l = bi_value_array();
         for (int i = 0; i < info->n_snapshots; i++) {
-            const struct bi_snapshot_info *sn = &info->snapshots[i];
+            const struct bi_snapshot_info *sn = info->snapshots[i];
             bi_value *s = bi_value_object();
             bi_value_set(s, "id", bi_value_string(sn->id));
             bi_value_set(s, "name", bi_value_string(sn->name));
@@ -154,7 +154,7 @@ static void dump_human(const struct info_item *it)
     if (info->dirty_flag) {
         printf("cleanly shut down: no\n");
     }
-    if (info->backing_filename[0]) {
+    if (info->backing_filename) {
         printf("backing file: %s", info->backing_filename);
         if (!it->full_backing) {
             printf(" (cannot determine actual path)");
@@ -162,7 +162,7 @@ static void dump_human(const struct info_item *it)
             printf(" (actual path: %s)", it->full_backing);
         }
         printf("\n");
-        if (info->backing_format[0]) {
+        if (info->backing_format) {
             printf("backing file format: %s\n", info->backing_format);
         }
     }
@@ -171,7 +171,7 @@ static void dump_human(const struct info_item *it)
         snapshot_dump(NULL);
         printf("\n");
         for (int i = 0; i < info->n_snapshots; i++) {
-            snapshot_dump(&info->snapshots[i]);
+            snapshot_dump(info->snapshots[i]);
             printf("\n");
         }
     }
@@ -277,8 +277,8 @@ int img_info(int argc, char **argv)
         }
         it->opened = bi_xstrdup(filename);
         it->filename = bi_xstrdup(bi_node_filename(n));
-        if (it->info.backing_filename[0]) {
-            if (it->info.full_backing_filename[0]) {
+        if (it->info.backing_filename) {
+            if (it->info.full_backing_filename) {
                 it->full_backing = bi_xstrdup(it->info.full_backing_filename);
             } else {
                 it->full_backing =
@@ -292,7 +292,7 @@ int img_info(int argc, char **argv)
         filename = NULL;
         cur_fmt = NULL;
         first = false;
-        if (chain && it->info.backing_filename[0]) {
+        if (chain && it->info.backing_filename) {
             if (!it->full_backing) {
                 tool_error("Could not determine absolute backing filename, "
                            "but backing filename '%s' present",
@@ -300,7 +300,7 @@ int img_info(int argc, char **argv)
                 goto out;
             }
             filename = bi_xstrdup(it->full_backing);
-            if (it->info.backing_format[0]) {
+            if (it->info.backing_format) {
                 cur_fmt = bi_xstrdup(it->info.backing_format);
             }
         }

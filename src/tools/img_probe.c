@@ -94,7 +94,7 @@ int img_probe(int argc, char **argv)
     if (bi_storage_info(file, &si) < 0) {
         memset(&si, 0, sizeof(si));
         si.page_size = (uint32_t)bi_page_size();
-        snprintf(si.filesystem, sizeof(si.filesystem), "unknown");
+        si.filesystem = "unknown";
     }
 
     if (of == TOOL_OUTPUT_JSON) {

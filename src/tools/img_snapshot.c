@@ -56,7 +56,7 @@ int img_snapshot(int argc, char **argv)
     tool_image_init(&ti);
     optind = 1;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, ":la:c:d:f:hqU", long_opts, NULL)) !=
+    while ((c = getopt_long(argc, argv, ":la:c:d:hqU", long_opts, NULL)) !=
            -1) {
         switch (c) {
         case ':':
@@ -68,9 +68,6 @@ int img_snapshot(int argc, char **argv)
                    "filename\n",
                    tool_prog);
             return 0;
-        case 'f':
-            ti.fmt = optarg;
-            break;
         case 'l':
         case 'a':
         case 'c':
@@ -115,18 +112,18 @@ int img_snapshot(int argc, char **argv)
     bi_error_init(&err);
     switch (action) {
     case SN_LIST: {
-        struct bi_snapshot_info *v = NULL;
+        struct bi_snapshot_info **v = NULL;
         int cnt = 0;
         if (bi_snapshot_list(n, &v, &cnt, &err) == 0 && cnt > 0) {
             printf("Snapshot list:\n");
             dump_one(NULL);
             printf("\n");
             for (int i = 0; i < cnt; i++) {
-                dump_one(&v[i]);
+                dump_one(v[i]);
                 printf("\n");
             }
         }
-        free(v);
+        bi_snapshot_list_free(v, cnt);
         break;
     }
     case SN_CREATE:

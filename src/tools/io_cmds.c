@@ -1504,6 +1504,7 @@ static int info_f(int argc, char **argv)
         if (err.msg[0]) {
             io_error_report("%s", err.msg);
         }
+        bi_info_free(info);
         free(info);
         return ret;
     }
@@ -2117,7 +2118,7 @@ static bi_node *open_snapshot(bi_node *base, const char *fname,
         goto out;
     }
     close(fd);
-    memset(&co, 0, sizeof(co));
+    bi_create_opts_init(&co);
     co.format = IO_OVERLAY_FORMAT;
     co.size = (uint64_t)size;
     co.size_set = true;
@@ -2450,10 +2451,9 @@ int io_openfile(const char *name, struct io_open_req *r)
     if (g_cor) {
         struct bi_image_info *info = bi_xzalloc(sizeof(*info));
 
-        if (bi_get_info(n, info, NULL) == 0) {
+        if (bi_get_info(n, info, NULL) == 0)
             g_cor_cluster = info->cluster_size;
-            bi_info_free(info);
-        }
+        bi_info_free(info);
         free(info);
     }
     g_unmap = unmap;

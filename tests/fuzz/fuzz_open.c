@@ -20,8 +20,8 @@
 static void describe(bi_node *n)
 {
     struct bi_image_info info;
-    struct bi_snapshot_info *snaps = NULL;
-    struct bi_bitmap_info *bitmaps = NULL;
+    struct bi_snapshot_info **snaps = NULL;
+    struct bi_bitmap_info **bitmaps = NULL;
     int count = 0;
     bi_error err;
 
@@ -32,11 +32,11 @@ static void describe(bi_node *n)
             bi_value_print_json(fuzz_sink(), info.specific, 0);
             bi_value_print_human(fuzz_sink(), 1, info.specific);
         }
-        bi_info_free(&info);
     }
+    bi_info_free(&info);
     bi_error_init(&err);
     if (bi_snapshot_list(n, &snaps, &count, &err) == 0)
-        free(snaps);
+        bi_snapshot_list_free(snaps, count);
     if (bi_bitmap_list(n, &bitmaps, &count) == 0)
         bi_bitmap_list_free(bitmaps, count);
     (void)bi_allocated_file_size(n);

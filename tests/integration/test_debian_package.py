@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: MIT
 """The Debian packages: `dpkg-buildpackage -us -uc -b` on a clean copy of
-the tree (the files git tracks, or would track) builds blkimg, libblkimg0
+the tree (the files git tracks, or would track) builds blkimg, libblkimg1
 and libblkimg-dev; lintian finds nothing (errors, warnings); unpacked into
 a scratch root (dpkg -x), the tools run from there against the packaged
 library (blkimg --version, a convert checked byte for byte), the example
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
-PACKAGES = ("blkimg", "libblkimg0", "libblkimg-dev")
+PACKAGES = ("blkimg", "libblkimg1", "libblkimg-dev")
 
 
 def sh(*argv, cwd=None, env=None, timeout=900):
@@ -108,8 +108,8 @@ def test_packages_hold_what_they_should(debs):
               "/usr/share/bash-completion/completions/blkimg-io"):
         assert f in tools, f
     assert not [f for f in tools if "/lib/" in f or "/include/" in f]
-    shared = contents(debs["libblkimg0"])
-    assert lib + "/libblkimg.so.0" in shared
+    shared = contents(debs["libblkimg1"])
+    assert lib + "/libblkimg.so.1" in shared
     assert not [f for f in shared if f.endswith(".so") or "/man" in f]
     dev = contents(debs["libblkimg-dev"])
     for f in (lib + "/libblkimg.so", lib + "/pkgconfig/blkimg.pc",
@@ -120,7 +120,7 @@ def test_packages_hold_what_they_should(debs):
               "/usr/share/doc/libblkimg-dev/examples/image-summary.c"):
         assert f in dev, f
     cp = sh("dpkg-deb", "-f", debs["blkimg"], "Depends")
-    assert "libblkimg0 (>= " in cp.stdout, cp.stdout
+    assert "libblkimg1 (>= " in cp.stdout, cp.stdout
 
 
 def test_lintian_is_clean(debs):
@@ -143,7 +143,7 @@ def test_tools_run_from_the_scratch_root(root, tmp_path):
     assert cp.returncode == 0, cp.stderr
     assert cp.stdout.startswith("blkimg version ")
     ldd = sh("ldd", blkimg, env=env).stdout
-    assert str(libdir / "libblkimg.so.0") in ldd, ldd
+    assert str(libdir / "libblkimg.so.1") in ldd, ldd
 
     src, dst, back = (tmp_path / "src.raw", tmp_path / "dst.qcow2",
                       tmp_path / "back.raw")

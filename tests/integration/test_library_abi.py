@@ -2,7 +2,7 @@
 """The shared library as programs link it: its soname, the symbols it
 exports (exactly the BI_EXPORT functions of the public headers, in version
 node LIBBLKIMG_<soversion>, and the same as the list on record in
-debian/libblkimg0.symbols), and examples/image-summary.c built through
+debian/libblkimg1.symbols), and examples/image-summary.c built through
 pkg-config against an installed copy (meson install --destdir)."""
 import glob
 import json
@@ -18,11 +18,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(
 sys.path.insert(0, os.path.join(REPO, "scripts"))
 import libsymbols  # noqa: E402
 
-SYMBOLS_FILE = os.path.join(REPO, "debian", "libblkimg0.symbols")
+SYMBOLS_FILE = os.path.join(REPO, "debian", "libblkimg1.symbols")
 REGENERATE = ("if the change of the API is intended, run `make symbols` "
-              "(scripts/libsymbols.py update debian/libblkimg0.symbols "
+              "(scripts/libsymbols.py update debian/libblkimg1.symbols "
               "build/libblkimg.so VERSION) and commit "
-              "debian/libblkimg0.symbols; a symbol that went away also "
+              "debian/libblkimg1.symbols; a symbol that went away also "
               "needs a new soversion (meson.build lib_soversion)")
 
 
@@ -148,7 +148,7 @@ def test_example_builds_with_pkg_config_against_installed_copy(
 
     # The program really runs on the installed copy.
     ldd = run("ldd", exe, env={"LD_LIBRARY_PATH": libdir}).stdout
-    assert os.path.join(libdir, "libblkimg.so.0") in ldd, ldd
+    assert os.path.join(libdir, "libblkimg.so.1") in ldd, ldd
     cp = run(exe, tmp_path / "missing.img", env={"LD_LIBRARY_PATH": libdir})
     assert cp.returncode == 1
     assert "missing.img" in cp.stderr and "No such file" in cp.stderr

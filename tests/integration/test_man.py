@@ -20,7 +20,9 @@ import tool_options
 
 REPO = tool_options.REPO
 sys.path.insert(0, os.path.join(REPO, "scripts"))
+sys.path.insert(0, os.path.join(REPO, "docs", "man"))
 import libsymbols  # noqa: E402
+import mkman  # noqa: E402
 
 SOURCES = sorted(glob.glob(os.path.join(REPO, "docs", "man", "*.scd")))
 
@@ -162,6 +164,7 @@ def test_library_pages_name_every_exported_function(build_dir):
     headers = sorted(glob.glob(os.path.join(REPO, "include", "blkimg",
                                             "*.h")))
     protos = libsymbols.header_prototypes(headers)
+    macros = mkman.sized_macros(protos)
     named = {}
     for src in SOURCES:
         if not src.endswith(".3.scd"):
@@ -173,6 +176,12 @@ def test_library_pages_name_every_exported_function(build_dir):
             if f in protos:
                 named.setdefault(f, []).append(os.path.basename(src))
                 assert protos[f][1] in synopsis, (src, protos[f][1])
+            elif f in macros:
+                # a macro over f_sized documents that function too
+                _h, decl, note = macros[f]
+                named.setdefault(f + "_sized", []).append(
+                    os.path.basename(src))
+                assert decl in synopsis and note in synopsis, (src, decl)
     unnamed = sorted(set(protos) - set(named))
     assert not unnamed, ("functions no libblkimg(3) page documents (add "
                          "them to a page's NAME line in docs/man/): %s"

@@ -274,3 +274,58 @@ def test_zeroes_discard_flush(run, blkimg, blkimg_io, qemu_img, ceph):
     # the discarded and unmapped objects are holes again
     assert [(e["start"], e["data"]) for e in m] == [(0, True), (4 * MiB,
                                                                 False)]
+
+
+def test_snapshot_create_apply_delete(run, blkimg, qemu_img, ceph):
+    """qemu-img snapshot -c/-a/-d/-l on RBD: the same outputs, errors and
+    exit codes from both tools, and the same image states after each
+    (one tool's snapshot applied and deleted by the other)."""
+    img = name("snap")
+    spec = "rbd:rbd/" + img
+    # qemu-img snapshot has no -f: the raw format named, not probed
+    raw = "driver=raw,file.driver=rbd,file.pool=rbd,file.image=" + img
+
+    def snap(*args):
+        return ("snapshot", "--image-opts") + args + (raw,)
+    run(qemu_img, "create", "-f", "raw", spec, "4M", check=True)
+    try:
+        io = ("qemu-io", "-f", "raw", "-c")
+        run(*io, "write -P 0x11 0 1M", spec, check=True)
+        run(blkimg, *snap("-c", "s1"), check=True)
+        run(qemu_img, *snap("-c", "s2"), check=True)
+        listing = same(run, blkimg, qemu_img, *snap("-l"))
+        assert [ln.split()[0] for ln in listing.splitlines()[2:]] == \
+            ["s1", "s2"], listing
+        for tool, other in ((blkimg, qemu_img), (qemu_img, blkimg)):
+            run(*io, "write -P 0x22 0 1M", spec, check=True)
+            run(tool, *snap("-a", "s1"), check=True)
+            run(*io, "read -P 0x11 0 1M", spec, check=True)
+        # the errors: a taken name, an empty and an over-long one, and a
+        # snapshot that is not there; the longest name there can be
+        for args in (("-c", "s1"), ("-c", ""), ("-c", "x" * 128),
+                     ("-a", "nosuch"), ("-d", "nosuch")):
+            same(run, blkimg, qemu_img, *snap(*args), rc=1)
+        run(blkimg, *snap("-c", "y" * 127), check=True)
+        run(qemu_img, *snap("-d", "y" * 127), check=True)
+        r = run(blkimg, *snap("-c", "s1"))
+        assert r.stderr == ("blkimg: failed to create snap: File exists\n"
+                            "blkimg: Could not create snapshot 's1': -17 "
+                            "(File exists)\n"), r.stderr
+        run(blkimg, *snap("-d", "s1"), check=True)
+        run(qemu_img, *snap("-d", "s2"), check=True)
+        assert same(run, blkimg, qemu_img, *snap("-l")) == ""
+        # the protocol node itself, as --image-opts names it
+        opts = "driver=rbd,pool=rbd,image=" + img
+        run(blkimg, "snapshot", "--image-opts", "-c", "s3", opts, check=True)
+        assert "s3" in run(qemu_img, *snap("-l")).stdout
+        run(blkimg, "snapshot", "--image-opts", "-d", "s3", opts, check=True)
+        same(run, blkimg, qemu_img, "snapshot", "--image-opts", "-d", "s3",
+             opts, rc=1)
+        # a snapshot opens read-only: no snapshot of it
+        same(run, blkimg, qemu_img, "snapshot", "--image-opts", "-c", "s4",
+             raw + ",file.snapshot=s1", rc=1)
+    finally:
+        subprocess.run(["rbd", "snap", "purge", "rbd/" + img],
+                       capture_output=True, timeout=60)
+        subprocess.run(["rbd", "rm", "rbd/" + img], capture_output=True,
+                       timeout=60)

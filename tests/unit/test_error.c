@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /* bi_error: one line, strerror text appended, first error wins, prefixes. */
 #include "blkimg/blkimg.h"
+#include "format/qcow2/qcow2.h"
+#include "format/vdi/vdi.h"
 #include "tap.h"
 #include "util/util.h"
 
@@ -73,5 +75,18 @@ int main(void)
     bi_error_init(&e);
     bi_error_setc(&e, 0, "no errno");
     is_int(e.code, -EINVAL, "setc without a code: -EINVAL");
+
+    /* The drivers' error helpers keep the code they are given: the one
+     * rule is that the call setting the message sets the code. */
+    bi_error_init(&e);
+    is_int(qc_error(&e, -EACCES, "qcow2: Image is %s", "corrupt"), -EACCES,
+           "qc_error returns its code");
+    ok(e.code == -EACCES && !strcmp(e.msg, "qcow2: Image is corrupt"),
+       "qc_error: code kept (%d), message as given", e.code);
+    is_int(qc_error(&e, -EIO, "later"), -EIO, "qc_error on a set error");
+    is_int(e.code, -EACCES, "qc_error: the first error wins");
+    bi_error_init(&e);
+    vdi_error(&e, -ENOTSUP, "unsupported VDI image (version %u.%u)", 2, 0);
+    is_int(e.code, -ENOTSUP, "vdi_error: code kept");
     return tap_done();
 }

@@ -13,6 +13,16 @@
 #include <string.h>
 
 /* The merged list of format (with the protocol's) as "a b c". */
+/* Whether the option list v (n entries) has name. */
+static bool has_opt(const struct bi_opt_desc **v, int n, const char *name)
+{
+    for (int i = 0; i < n; i++) {
+        if (!strcmp(v[i]->name, name))
+            return true;
+    }
+    return false;
+}
+
 static char *names(const char *format)
 {
     const struct bi_opt_desc **v;
@@ -74,7 +84,16 @@ int main(void)
     ok(bi_format_caps("file") & BI_FORMAT_PROTOCOL, "file is a protocol");
     ok(bi_format_caps("nosuch") == -ENOENT, "unknown: -ENOENT");
     ok(bi_format_caps("cloop") == 0, "recognised only: no capabilities");
-    ok(bi_amend_opts("qcow2") && !bi_amend_opts("raw"), "amend tables");
+    {
+        const struct bi_opt_desc **al;
+        int an = 0;
+        ok(bi_amend_opt_list("qcow2", &al, &an) == 0 && an > 0 &&
+               has_opt(al, an, "compat"),
+           "qcow2 amend options listed (%d)", an);
+        free(al);
+        ok(bi_amend_opt_list("raw", &al, &an) == -ENOTSUP && !al && !an,
+           "raw cannot amend");
+    }
 
     d = bi_runtime_opt_find("qcow2", "encrypt.key-secret");
     ok(d && (d->flags & BI_OPT_REFUSED), "qcow2 encrypt.*: refused prefix");

@@ -105,7 +105,7 @@ struct bi_snapshot_ops {
     int (*co_load_tmp)(bi_node *n, const char *id, const char *name,
                        bi_error *err);
     /* The snapshots: *out malloc'd (NULL when none), *count entries. */
-    int (*list)(bi_node *n, struct bi_snapshot_info **out, int *count);
+    int (*list)(bi_node *n, struct bi_snapshot_info ***out, int *count);
 };
 
 /* One change to the persistent dirty bitmaps (blkimg/image_ops.h). */
@@ -128,7 +128,7 @@ struct bi_bitmap_ops {
     /* The node can hold persistent bitmaps now (e.g. qcow2 v3). */
     bool (*supported)(bi_node *n);
     /* The bitmaps in directory order: *out malloc'd, *count entries. */
-    int (*list)(bi_node *n, struct bi_bitmap_info **out, int *count);
+    int (*list)(bi_node *n, struct bi_bitmap_info ***out, int *count);
     /* One crash-safe change, in a coroutine. MERGE: src (never NULL) has
      * bitmap ops too. */
     int (*co_change)(bi_node *n, const struct bi_bitmap_req *r, bi_error *err);
@@ -426,6 +426,9 @@ void bi_limits_any_buffer(struct bi_limits *l, uint64_t max_transfer);
  * snapshot ops, else the file of an identity-map format (QEMU's fallback
  * to the primary child: raw on RBD lists the RBD image's), else n. */
 bi_node *bi_snapshot_node(bi_node *n);
+/* For get_info: replaces the malloc'd string *field with a copy of value
+ * (NULL or "": none, *field becomes NULL). */
+void bi_info_set(char **field, const char *value);
 
 /* Runs fn(arg) in a fresh coroutine and waits for it (from the main
  * context: polls the loop; from a coroutine: calls fn directly). */

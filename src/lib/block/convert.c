@@ -126,9 +126,18 @@ struct cv_state {
     int n_spans;
 };
 
-void bi_convert_opts_init(struct bi_convert_opts *o)
+void bi_convert_opts_init_sized(struct bi_convert_opts *o, size_t size)
 {
-    memset(o, 0, sizeof(*o));
+    memset(o, 0, size);
+    if (size < sizeof(*o)) {
+        /* a program built with an older header: its fields only */
+        struct bi_convert_opts full;
+        bi_convert_opts_init(&full);
+        bi_struct_out(o, size, &full, sizeof(full));
+        o->struct_size = size;
+        return;
+    }
+    o->struct_size = sizeof(*o);
     o->min_sparse = 4096;
     o->num_coroutines = 8;
     o->target_backing_size = -1;
@@ -1258,10 +1267,19 @@ static int setup_mode(struct cv_state *s, bi_error *err)
     return 0;
 }
 
-int bi_convert(const struct bi_convert_opts *o, bi_error *err)
+int bi_convert(const struct bi_convert_opts *given, bi_error *err)
 {
+    struct bi_convert_opts full;
+    const struct bi_convert_opts *o = &full;
     struct cv_state s;
     int ret;
+
+    bi_convert_opts_init(&full);
+    if (bi_struct_in(&full, sizeof(full), given, given->struct_size) < 0)
+        return bi_error_setc(err, -EINVAL,
+                             "bi_convert_opts of size %zu (not set by "
+                             "bi_convert_opts_init, or from a newer API)",
+                             given->struct_size);
 
     memset(&s, 0, sizeof(s));
     s.o = o;

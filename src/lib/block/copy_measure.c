@@ -11,11 +11,11 @@
 #include <stdio.h>
 #include <string.h>
 
-int bi_measure(const char *format, const char *const *options, bi_node *src,
-               struct bi_measure *out, bi_error *err)
+/* bi_measure for the library's full-size *out. */
+static int measure(const char *format, const char *const *options, bi_node *src,
+                   struct bi_measure *out, bi_error *err)
 {
     const struct bi_driver *drv = bi_driver_find(format);
-    memset(out, 0, sizeof(*out));
     if (!drv || drv->is_protocol) {
         bi_error_set(err, 0, "Unknown file format '%s'", format);
         return -EINVAL;
@@ -36,4 +36,15 @@ int bi_measure(const char *format, const char *const *options, bi_node *src,
         }
     }
     return drv->measure(options, src, out, err);
+}
+
+int bi_measure_sized(const char *format, const char *const *options,
+                     bi_node *src, struct bi_measure *out, size_t size,
+                     bi_error *err)
+{
+    struct bi_measure full;
+    memset(&full, 0, sizeof(full));
+    int ret = measure(format, options, src, &full, err);
+    bi_struct_out(out, size, &full, sizeof(full));
+    return ret;
 }

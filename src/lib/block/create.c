@@ -256,9 +256,25 @@ int bi_create_file(const char *filename, const struct bi_create_opts *o,
     return create_by_opening(drv, filename, o, err);
 }
 
-int bi_create(const char *filename, const struct bi_create_opts *o,
+void bi_create_opts_init_sized(struct bi_create_opts *o, size_t size)
+{
+    memset(o, 0, size);
+    o->struct_size = size < sizeof(*o) ? size : sizeof(*o);
+}
+
+int bi_create(const char *filename, const struct bi_create_opts *given,
               bi_error *err)
 {
+    struct bi_create_opts full;
+    const struct bi_create_opts *o = &full;
+
+    bi_create_opts_init(&full);
+    if (bi_struct_in(&full, sizeof(full), given, given->struct_size) < 0)
+        return bi_error_setc(err, -EINVAL,
+                             "Could not create '%s': bi_create_opts of size "
+                             "%zu (not set by bi_create_opts_init, or from a "
+                             "newer API)",
+                             filename, given->struct_size);
     const struct bi_driver *drv = bi_driver_find(o->format);
     if (!drv || drv->is_protocol) {
         bi_error_set(err, 0, "Unknown file format '%s'", o->format);

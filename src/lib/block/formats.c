@@ -124,10 +124,23 @@ bi_create_opt_find_at(const char *format, const char *filename, const char *key)
                     filename ? bi_protocol_for(filename) : NULL, key);
 }
 
-const struct bi_opt_desc *bi_amend_opts(const char *format)
+int bi_amend_opt_list(const char *format, const struct bi_opt_desc ***out,
+                      int *n)
 {
     const struct bi_driver *d = bi_driver_find(format);
-    return d && d->amend ? d->amend_opts : NULL;
+    int count = 0;
+
+    *out = NULL;
+    *n = 0;
+    if (!d || !d->amend || !d->amend_opts)
+        return -ENOTSUP;
+    while (d->amend_opts[count].name)
+        count++;
+    *out = bi_xzalloc(sizeof(**out) * (size_t)(count ? count : 1));
+    for (int i = 0; i < count; i++)
+        (*out)[i] = &d->amend_opts[i];
+    *n = count;
+    return 0;
 }
 
 const struct bi_opt_desc *bi_runtime_opt_find(const char *format,

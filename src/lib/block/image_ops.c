@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /* Public wrappers for the image operations (blkimg/image_ops.h). */
 #include "blkimg/image_ops.h"
+#include "blkimg/qcow2.h"
 #include "block/block.h"
+#include "util/util.h"
 
 #include <errno.h>
 #include <stdlib.h>
@@ -148,12 +150,17 @@ static int snap_co(void *opaque)
     }
 }
 
-/* Runs one snapshot operation, or refuses it as QEMU does for a format
- * without snapshots. */
+/* Runs one snapshot operation on the node that holds the snapshots (a
+ * raw image's protocol, as in QEMU), or refuses it as QEMU does for a
+ * format without snapshots. */
 static int snap_op(bi_node *n, const char *name, enum snap_op op, bi_error *err)
 {
     static const char *const what[] = {"create", "apply", "delete"};
-    if (!n->drv->snapshot) {
+    n = bi_snapshot_node(n);
+    const struct bi_snapshot_ops *ops = n->drv->snapshot;
+    if (!ops || !(op == SNAP_CREATE  ? ops->co_create
+                  : op == SNAP_APPLY ? ops->co_apply
+                                     : ops->co_delete)) {
         bi_error_set(err, 0,
                      "Could not %s snapshot '%s': -95 (Operation not "
                      "supported)",
@@ -188,7 +195,7 @@ static int load_tmp_co(void *opaque)
 int bi_snapshot_load_tmp(bi_node *node, const char *id, const char *name,
                          bi_error *err)
 {
-    if (!node->drv->snapshot) {
+    if (!node->drv->snapshot || !node->drv->snapshot->co_load_tmp) {
         bi_error_set(err, 0,
                      "Block format '%s' used by device '' does not support "
                      "temporarily loading internal snapshots",
@@ -199,7 +206,7 @@ int bi_snapshot_load_tmp(bi_node *node, const char *id, const char *name,
     return bi_run_co(load_tmp_co, &a);
 }
 
-int bi_snapshot_list(bi_node *node, struct bi_snapshot_info **out, int *count,
+int bi_snapshot_list(bi_node *node, struct bi_snapshot_info ***out, int *count,
                      bi_error *err)
 {
     (void)err;
@@ -291,7 +298,19 @@ bool bi_bitmap_supported(bi_node *node)
     return node->drv->bitmap && node->drv->bitmap->supported(node);
 }
 
-int bi_bitmap_list(bi_node *node, struct bi_bitmap_info **out, int *count)
+void bi_snapshot_list_free(struct bi_snapshot_info **v, int count)
+{
+    for (int i = 0; v && i < count; i++) {
+        if (v[i]) {
+            free(v[i]->id);
+            free(v[i]->name);
+            free(v[i]);
+        }
+    }
+    free(v);
+}
+
+int bi_bitmap_list(bi_node *node, struct bi_bitmap_info ***out, int *count)
 {
     *out = NULL;
     *count = 0;
@@ -300,9 +319,41 @@ int bi_bitmap_list(bi_node *node, struct bi_bitmap_info **out, int *count)
     return node->drv->bitmap->list(node, out, count);
 }
 
-void bi_bitmap_list_free(struct bi_bitmap_info *v, int count)
+void bi_bitmap_list_free(struct bi_bitmap_info **v, int count)
 {
-    for (int i = 0; v && i < count; i++)
-        free(v[i].name);
+    for (int i = 0; v && i < count; i++) {
+        if (v[i]) {
+            free(v[i]->name);
+            free(v[i]);
+        }
+    }
     free(v);
+}
+
+struct check_args {
+    bi_node *n;
+    int fix;
+    struct bi_check_result *res;
+    bi_error *err;
+};
+
+static int check_co(void *opaque)
+{
+    struct check_args *a = opaque;
+    return a->n->drv->check(a->n, a->res, a->fix, a->err);
+}
+
+int bi_check_sized(bi_node *node, int fix, struct bi_check_result *result,
+                   size_t size, bi_error *err)
+{
+    struct bi_check_result full;
+    int ret = -ENOTSUP;
+
+    memset(&full, 0, sizeof(full));
+    if (node->drv->check) {
+        struct check_args a = {node, fix, &full, err};
+        ret = bi_run_co(check_co, &a);
+    }
+    bi_struct_out(result, size, &full, sizeof(full));
+    return ret;
 }

@@ -17,9 +17,18 @@
 /* QEMU sizes block nodes in 512-byte sectors; so do we, for images. */
 #define SECTOR 512
 
-void bi_open_opts_init(struct bi_open_opts *o)
+void bi_open_opts_init_sized(struct bi_open_opts *o, size_t size)
 {
-    memset(o, 0, sizeof(*o));
+    memset(o, 0, size);
+    if (size < sizeof(*o)) {
+        /* a program built with an older header: its fields only */
+        struct bi_open_opts full;
+        bi_open_opts_init(&full);
+        bi_struct_out(o, size, &full, sizeof(full));
+        o->struct_size = size;
+        return;
+    }
+    o->struct_size = sizeof(*o);
     o->cache = BI_CACHE_WRITEBACK;
     o->backing_cache = BI_CACHE_WRITEBACK;
 }
@@ -300,16 +309,13 @@ static int refuse_unopenable(const struct bi_driver *drv, const char *filename,
     if (drv->open)
         return 0;
     if (depth > 0)
-        bi_error_set(err, 0,
-                     "Could not open '%s': Image format '%s' is not "
-                     "supported by blkimg yet",
-                     filename, drv->name);
-    else
-        bi_error_set(err, 0, "Image format '%s' is not supported by blkimg yet",
-                     drv->name);
-    if (err)
-        err->code = -ENOTSUP;
-    return -ENOTSUP;
+        return bi_error_setc(err, -ENOTSUP,
+                             "Could not open '%s': Image format '%s' is not "
+                             "supported by blkimg yet",
+                             filename, drv->name);
+    return bi_error_setc(err, -ENOTSUP,
+                         "Image format '%s' is not supported by blkimg yet",
+                         drv->name);
 }
 
 /* Probes the format of the image on file as QEMU 7.2 does: an empty file
@@ -513,19 +519,23 @@ bi_node *bi_open(const char *filename, const struct bi_open_opts *o,
                  bi_error *err)
 {
     struct bi_open_opts def;
-    if (!o) {
-        bi_open_opts_init(&def);
-        o = &def;
+    bi_open_opts_init(&def);
+    if (o && bi_struct_in(&def, sizeof(def), o, o->struct_size) < 0) {
+        bi_error_setc(err, -EINVAL,
+                      "Could not open '%s': bi_open_opts of size %zu "
+                      "(not set by bi_open_opts_init, or from a newer API)",
+                      filename ? filename : "", o->struct_size);
+        return NULL;
     }
+    o = &def;
     bi_error local;
     bi_error_init(&local);
     bi_node *n = bi_open_node(filename, o->format, o, &local);
     if (!n) {
         /* qemu-img: "Could not open 'x': <cause>" */
-        bi_error_set(err, 0, "Could not open '%s': %s",
-                     filename ? filename : "", local.msg);
-        if (err)
-            err->code = local.code ? local.code : -EIO;
+        bi_error_setc(err, local.code ? local.code : -EIO,
+                      "Could not open '%s': %s", filename ? filename : "",
+                      local.msg);
     }
     return n;
 }
@@ -620,21 +630,27 @@ const struct bi_limits *bi_node_limits(const bi_node *n)
     return &n->limits;
 }
 
-int bi_storage_info(bi_node *n, struct bi_storage_info *out)
+int bi_storage_info_sized(bi_node *n, struct bi_storage_info *out, size_t size)
 {
-    memset(out, 0, sizeof(*out));
-    out->page_size = (uint32_t)bi_page_size();
+    struct bi_storage_info full;
+    int ret = -ENOTSUP;
+
+    memset(&full, 0, sizeof(full));
+    full.page_size = (uint32_t)bi_page_size();
     bi_node *p = n;
     while (p && !p->drv->is_protocol)
         p = p->file;
-    if (!p || !p->drv->storage_info)
-        return -ENOTSUP;
-    return p->drv->storage_info(p, out);
+    if (p && p->drv->storage_info)
+        ret = p->drv->storage_info(p, &full);
+    if (!full.filesystem)
+        full.filesystem = "unknown";
+    bi_struct_out(out, size, &full, sizeof(full));
+    return ret;
 }
 
-void bi_node_stats(const bi_node *n, struct bi_stats *out)
+void bi_node_stats_sized(const bi_node *n, struct bi_stats *out, size_t size)
 {
-    *out = n->stats;
+    bi_struct_out(out, size, &n->stats, sizeof(n->stats));
 }
 
 void *bi_blockalign(bi_node *n, size_t size)

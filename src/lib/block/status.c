@@ -151,16 +151,34 @@ bool bi_status_protocol_start(bi_node *n, uint64_t size, uint64_t off,
     return false;
 }
 
-int bi_block_status(bi_node *n, uint64_t off, uint64_t len,
-                    struct bi_status *st)
+/* Runs a status query into st as the program knows it (size bytes). */
+static int status_sized(struct status_args *a, struct bi_status *st,
+                        size_t size)
 {
-    struct status_args a = {n, NULL, off, len, st, false};
-    return bi_run_co(status_fn, &a);
+    struct bi_status full;
+    int ret;
+
+    if (size == sizeof(full)) {
+        a->st = st;
+        return bi_run_co(status_fn, a);
+    }
+    memset(&full, 0, sizeof(full));
+    a->st = &full;
+    ret = bi_run_co(status_fn, a);
+    bi_struct_out(st, size, &full, sizeof(full));
+    return ret;
 }
 
-int bi_block_status_above(bi_node *n, bi_node *base, uint64_t off, uint64_t len,
-                          struct bi_status *st)
+int bi_block_status_sized(bi_node *n, uint64_t off, uint64_t len,
+                          struct bi_status *st, size_t size)
 {
-    struct status_args a = {n, base, off, len, st, true};
-    return bi_run_co(status_fn, &a);
+    struct status_args a = {n, NULL, off, len, NULL, false};
+    return status_sized(&a, st, size);
+}
+
+int bi_block_status_above_sized(bi_node *n, bi_node *base, uint64_t off,
+                                uint64_t len, struct bi_status *st, size_t size)
+{
+    struct status_args a = {n, base, off, len, NULL, true};
+    return status_sized(&a, st, size);
 }

@@ -232,25 +232,16 @@ static int file_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
     if (s->fd < 0) {
         ret = -errno;
         if (ret == -EINVAL && s->direct) {
-            bi_error_set(err, 0,
-                         "Could not open '%s': filesystem does not support "
-                         "O_DIRECT: %s (try cache=writeback)",
-                         n->filename, strerror(EINVAL));
-            if (err) {
-                err->code = -EINVAL;
-            }
-            return -EINVAL;
+            return bi_error_setc(err, -EINVAL,
+                                 "Could not open '%s': filesystem does not "
+                                 "support O_DIRECT: %s (try cache=writeback)",
+                                 n->filename, strerror(EINVAL));
         }
-        bi_error_set(err, ret, "Could not open '%s'", n->filename);
         /* A read-only filesystem is a permission problem for callers (the
          * message keeps the real cause), as in QEMU. */
-        if (ret == -EROFS) {
-            ret = -EACCES;
-            if (err) {
-                err->code = ret;
-            }
-        }
-        return ret;
+        return bi_error_setc(err, ret == -EROFS ? -EACCES : ret,
+                             "Could not open '%s': %s", n->filename,
+                             strerror(-ret));
     }
     s->open_flags = flags;
 
@@ -1100,14 +1091,14 @@ static int file_storage_info(bi_node *n, struct bi_storage_info *out)
         return -errno;
     }
     if (S_ISCHR(st.st_mode)) {
-        snprintf(out->filesystem, sizeof(out->filesystem), "character device");
+        out->filesystem = "character device";
         return 0;
     }
     if (s->is_blk) {
         int lss = 0;
         unsigned int pss = 0;
         out->is_block_device = true;
-        snprintf(out->filesystem, sizeof(out->filesystem), "block device");
+        out->filesystem = "block device";
         if (ioctl(s->fd, BLKSSZGET, &lss) == 0 && lss > 0) {
             out->logical_sector_size = (uint32_t)lss;
         }
@@ -1117,10 +1108,9 @@ static int file_storage_info(bi_node *n, struct bi_storage_info *out)
         return 0;
     }
     if (fstatfs(s->fd, &sf) == 0) {
-        snprintf(out->filesystem, sizeof(out->filesystem), "%s",
-                 bi_file_fs_name((long)sf.f_type));
+        out->filesystem = bi_file_fs_name((long)sf.f_type);
     } else {
-        snprintf(out->filesystem, sizeof(out->filesystem), "unknown");
+        out->filesystem = "unknown";
     }
     if (major(st.st_dev) != 0) {
         sysfs_sector_sizes(major(st.st_dev), minor(st.st_dev),

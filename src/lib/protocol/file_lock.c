@@ -72,14 +72,12 @@ static void set_lock_error(bi_error *err, int ret, const char *what,
 {
     /* EAGAIN/EACCES just mean "someone holds it": no errno text. */
     if (ret == -EAGAIN || ret == -EACCES) {
-        bi_error_set(err, 0, "%s\nIs another process using the image [%s]?",
-                     what, name);
+        bi_error_setc(err, ret, "%s\nIs another process using the image [%s]?",
+                      what, name);
     } else {
-        bi_error_set(err, 0, "%s: %s\nIs another process using the image [%s]?",
-                     what, strerror(-ret), name);
-    }
-    if (err) {
-        err->code = ret;
+        bi_error_setc(err, ret,
+                      "%s: %s\nIs another process using the image [%s]?", what,
+                      strerror(-ret), name);
     }
 }
 

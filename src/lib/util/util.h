@@ -163,6 +163,24 @@ int bi_optlist_add(struct bi_optlist *l, const char *item);
 const char *bi_optlist_get(const struct bi_optlist *l, const char *key);
 void bi_optlist_free(struct bi_optlist *l);
 
+/* ---- public structs that grow (blkimg.h, "Structs that grow") ---- */
+/* Takes an option struct a program passed, given_size bytes whose first
+ * field is that size, into full (full_size bytes, already holding the
+ * defaults): the given fields replace the defaults, full's size field
+ * becomes full_size. Returns 0, or -EINVAL if given_size is below the size
+ * field (the struct was never initialised) or the bytes beyond full_size
+ * are not all zero (fields of a newer API were set). */
+int bi_struct_in(void *full, size_t full_size, const void *given,
+                 size_t given_size);
+/* Hands a filled struct (full_size bytes) to a program's given_size
+ * bytes: the first min of both are copied, a larger program struct gets
+ * zeroes beyond. */
+void bi_struct_out(void *given, size_t given_size, const void *full,
+                   size_t full_size);
+/* Whether field of type lies entirely within the first size bytes. */
+#define BI_FIELD_FITS(type, field, size)                                       \
+    (offsetof(type, field) + sizeof(((type *)0)->field) <= (size))
+
 /* ---- values and JSON: blkimg/value.h ---- */
 #include "blkimg/value.h"
 

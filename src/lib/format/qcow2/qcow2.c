@@ -23,10 +23,7 @@ int qc_error(bi_error *err, int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
-    bi_error_set(err, 0, "%s", buf);
-    if (err && err->code == 0)
-        err->code = code;
-    return code;
+    return bi_error_setc(err, code, "%s", buf);
 }
 
 /* ------------------------------------------------------------ L2 entries */
@@ -1057,11 +1054,9 @@ static int qcow2_get_info(bi_node *n, struct bi_image_info *info, bi_error *err)
     info->has_dirty_flag = true;
     info->dirty_flag = (s->incompat & QCOW2_INCOMPAT_DIRTY) != 0;
     if (s->backing_file)
-        snprintf(info->backing_filename, sizeof(info->backing_filename), "%s",
-                 s->backing_file);
+        bi_info_set(&info->backing_filename, s->backing_file);
     if (s->backing_format)
-        snprintf(info->backing_format, sizeof(info->backing_format), "%s",
-                 s->backing_format);
+        bi_info_set(&info->backing_format, s->backing_format);
     info->specific = specific_value(s);
     return 0;
 }

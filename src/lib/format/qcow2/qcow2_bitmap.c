@@ -1661,7 +1661,7 @@ static bool qc_bitmap_supported(bi_node *node)
 }
 
 /* The directory as the library lists it. */
-static int qc_bitmap_list(bi_node *node, struct bi_bitmap_info **out,
+static int qc_bitmap_list(bi_node *node, struct bi_bitmap_info ***out,
                           int *count)
 {
     *out = NULL;
@@ -1669,19 +1669,14 @@ static int qc_bitmap_list(bi_node *node, struct bi_bitmap_info **out,
     qcow2_state *s = node->opaque;
     if (!s->bitmaps || !s->nb_bitmaps)
         return 0;
-    struct bi_bitmap_info *v = calloc(s->nb_bitmaps, sizeof(*v));
-    if (!v)
-        return -ENOMEM;
+    struct bi_bitmap_info **v = bi_xzalloc(s->nb_bitmaps * sizeof(*v));
     for (uint32_t i = 0; i < s->nb_bitmaps; i++) {
         const struct qcow2_bitmap *b = &s->bitmaps[i];
-        v[i].name = strdup(b->name);
-        if (!v[i].name) {
-            bi_bitmap_list_free(v, (int)i);
-            return -ENOMEM;
-        }
-        v[i].granularity = 1ULL << b->granularity_bits;
-        v[i].enabled = (b->flags & BME_FLAG_AUTO) != 0;
-        v[i].in_use = (b->flags & BME_FLAG_IN_USE) != 0;
+        v[i] = bi_xzalloc(sizeof(*v[i]));
+        v[i]->name = bi_xstrdup(b->name);
+        v[i]->granularity = 1ULL << b->granularity_bits;
+        v[i]->enabled = (b->flags & BME_FLAG_AUTO) != 0;
+        v[i]->in_use = (b->flags & BME_FLAG_IN_USE) != 0;
     }
     *out = v;
     *count = (int)s->nb_bitmaps;

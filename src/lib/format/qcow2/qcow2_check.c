@@ -1078,26 +1078,3 @@ out:
     bi_free_aligned(c.l2buf);
     return ret;
 }
-
-struct check_args {
-    bi_node *n;
-    int fix;
-    struct bi_check_result *res;
-    bi_error *err;
-};
-
-static int check_co(void *opaque)
-{
-    struct check_args *a = opaque;
-    return a->n->drv->check(a->n, a->res, a->fix, a->err);
-}
-
-int bi_check(bi_node *node, int fix, struct bi_check_result *result,
-             bi_error *err)
-{
-    memset(result, 0, sizeof(*result));
-    if (!node->drv->check)
-        return -ENOTSUP;
-    struct check_args a = {node, fix, result, err};
-    return bi_run_co(check_co, &a);
-}

@@ -485,7 +485,7 @@ static int write_image(const char *filename, const struct qc_create *c,
     oo.read_write = true;
     oo.no_lock = false;
     struct bi_create_opts fco;
-    memset(&fco, 0, sizeof(fco));
+    bi_create_opts_init(&fco);
     fco.format = "file";
     fco.size = 0;
     fco.size_set = true;
@@ -650,7 +650,7 @@ int qcow2_create(const char *filename, const struct bi_create_opts *o,
     if (c.data_file) {
         char *dpath = dir_join(filename, c.data_file);
         struct bi_create_opts dco;
-        memset(&dco, 0, sizeof(dco));
+        bi_create_opts_init(&dco);
         dco.format = "file";
         dco.size = c.size;
         dco.size_set = true;

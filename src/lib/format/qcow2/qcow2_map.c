@@ -1687,36 +1687,25 @@ int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
     }
     if (prealloc != BI_PREALLOC_OFF && prealloc != BI_PREALLOC_METADATA &&
         prealloc != BI_PREALLOC_FALLOC && prealloc != BI_PREALLOC_FULL) {
-        bi_error_set(err, 0, "Unsupported preallocation mode '%s'",
-                     bi_prealloc_name(prealloc));
-        if (err && !err->code)
-            err->code = -ENOTSUP;
-        return -ENOTSUP;
+        return bi_error_setc(err, -ENOTSUP,
+                             "Unsupported preallocation mode '%s'",
+                             bi_prealloc_name(prealloc));
     }
-    if (size % 512) {
-        bi_error_set(err, 0, "The new size must be a multiple of 512");
-        if (err && !err->code)
-            err->code = -EINVAL;
-        return -EINVAL;
-    }
+    if (size % 512)
+        return bi_error_setc(err, -EINVAL,
+                             "The new size must be a multiple of 512");
     /* the snapshot table of v2 images need not record the disk size */
-    if (s->nb_snapshots && s->version < 3) {
-        bi_error_set(err, 0, "Can't resize a v2 image which has snapshots");
-        if (err && !err->code)
-            err->code = -ENOTSUP;
-        return -ENOTSUP;
-    }
+    if (s->nb_snapshots && s->version < 3)
+        return bi_error_setc(err, -ENOTSUP,
+                             "Can't resize a v2 image which has snapshots");
     if (size > INT64_MAX) {
         bi_error_set(err, EFBIG, "Image size too large");
         return -EFBIG;
     }
     uint64_t old_len = n->size;
     if (size < old_len && prealloc != BI_PREALLOC_OFF) {
-        bi_error_set(err, 0,
-                     "Preallocation can't be used for shrinking an image");
-        if (err && !err->code)
-            err->code = -EINVAL;
-        return -EINVAL;
+        return bi_error_setc(
+            err, -EINVAL, "Preallocation can't be used for shrinking an image");
     }
     if (size > old_len && s->data_file_raw && prealloc == BI_PREALLOC_OFF)
         prealloc = BI_PREALLOC_METADATA; /* the raw data file stays mapped */

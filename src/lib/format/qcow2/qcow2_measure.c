@@ -237,16 +237,16 @@ static int source_data(bi_node *src, uint64_t size, uint64_t cs,
  * entry of 24 bytes and the name, 8-byte aligned) in whole clusters. */
 static uint64_t bitmaps_size(bi_node *src, uint64_t size, uint64_t cs)
 {
-    struct bi_bitmap_info *v;
+    struct bi_bitmap_info **v;
     int n;
     uint64_t total = 0, dir = 0;
     if (bi_bitmap_list(src, &v, &n) < 0)
         return 0;
     for (int i = 0; i < n; i++) {
-        uint64_t bits = (size + v[i].granularity - 1) / v[i].granularity;
+        uint64_t bits = (size + v[i]->granularity - 1) / v[i]->granularity;
         uint64_t clusters = ((bits + 7) / 8 + cs - 1) / cs;
         total += clusters * cs + bi_align_up(clusters * 8, cs);
-        dir += bi_align_up(24 + strlen(v[i].name), 8);
+        dir += bi_align_up(24 + strlen(v[i]->name), 8);
     }
     bi_bitmap_list_free(v, n);
     return total + bi_align_up(dir, cs);

@@ -29,10 +29,7 @@ void qc_free_snapshots(qcow2_state *s)
 
 static int snap_err(bi_error *err, int code, const char *msg)
 {
-    bi_error_set(err, 0, "%s", msg);
-    if (err && !err->code)
-        err->code = code;
-    return code;
+    return bi_error_setc(err, code, "%s", msg);
 }
 
 int qc_read_snapshots(bi_node *n, bi_error *err)
@@ -641,7 +638,7 @@ static int qc_snapshot_load_tmp(bi_node *n, const char *id, const char *name,
 }
 
 /* The snapshot table as the library lists it. */
-static int qc_snapshot_list(bi_node *node, struct bi_snapshot_info **out,
+static int qc_snapshot_list(bi_node *node, struct bi_snapshot_info ***out,
                             int *count)
 {
     qcow2_state *s = node->opaque;
@@ -649,18 +646,17 @@ static int qc_snapshot_list(bi_node *node, struct bi_snapshot_info **out,
     *count = 0;
     if (!s->nb_snapshots)
         return 0;
-    struct bi_snapshot_info *v = calloc(s->nb_snapshots, sizeof(*v));
-    if (!v)
-        return -ENOMEM;
+    struct bi_snapshot_info **v = bi_xzalloc(s->nb_snapshots * sizeof(*v));
     for (uint32_t i = 0; i < s->nb_snapshots; i++) {
         const struct qcow2_snapshot *sn = &s->snapshots[i];
-        snprintf(v[i].id, sizeof(v[i].id), "%s", sn->id_str);
-        snprintf(v[i].name, sizeof(v[i].name), "%s", sn->name);
-        v[i].vm_state_size = sn->vm_state_size;
-        v[i].date_sec = sn->date_sec;
-        v[i].date_nsec = sn->date_nsec;
-        v[i].vm_clock_nsec = sn->vm_clock_nsec;
-        v[i].icount = sn->has_icount ? sn->icount : UINT64_MAX;
+        v[i] = bi_xzalloc(sizeof(*v[i]));
+        v[i]->id = bi_xstrdup(sn->id_str);
+        v[i]->name = bi_xstrdup(sn->name);
+        v[i]->vm_state_size = sn->vm_state_size;
+        v[i]->date_sec = sn->date_sec;
+        v[i]->date_nsec = sn->date_nsec;
+        v[i]->vm_clock_nsec = sn->vm_clock_nsec;
+        v[i]->icount = sn->has_icount ? sn->icount : UINT64_MAX;
     }
     *out = v;
     *count = (int)s->nb_snapshots;

@@ -20,11 +20,7 @@ int vdi_error(bi_error *err, int code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(buf, sizeof(buf), fmt, ap);
     va_end(ap);
-    if (err && !err->code && !err->msg[0]) {
-        bi_error_set(err, 0, "%s", buf);
-        err->code = code;
-    }
-    return code;
+    return bi_error_setc(err, code, "%s", buf);
 }
 
 static uint64_t ld_le64(const uint8_t *p)

@@ -191,7 +191,7 @@ static int init_sparse(bi_node *f, uint64_t size, bool compress, bool zeroed,
 static bi_node *new_file(const char *path, bi_error *err)
 {
     struct bi_create_opts fco;
-    memset(&fco, 0, sizeof(fco));
+    bi_create_opts_init(&fco);
     fco.format = "file";
     fco.size_set = true;
     if (bi_create_file(path, &fco, err) < 0)

@@ -235,7 +235,7 @@ static bi_node *create_empty_file(const char *filename,
                                   const struct bi_create_opts *o, bi_error *err)
 {
     struct bi_create_opts fco;
-    memset(&fco, 0, sizeof(fco));
+    bi_create_opts_init(&fco);
     fco.format = "file";
     fco.size_set = true;
     fco.prealloc = o->prealloc;

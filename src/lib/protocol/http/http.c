@@ -450,7 +450,7 @@ static void http_refresh_limits(bi_node *n)
 
 static int http_storage_info(bi_node *n, struct bi_storage_info *out)
 {
-    snprintf(out->filesystem, sizeof(out->filesystem), "%s", n->drv->name);
+    out->filesystem = n->drv->name;
     return 0;
 }
 

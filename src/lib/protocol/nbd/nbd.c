@@ -722,8 +722,7 @@ static int nbd_storage_info(bi_node *n, struct bi_storage_info *out)
 {
     struct nbd_state *s = n->opaque;
 
-    snprintf(out->filesystem, sizeof(out->filesystem), "nbd (%s)",
-             s->t.is_unix ? "unix" : "inet");
+    out->filesystem = s->t.is_unix ? "nbd (unix)" : "nbd (inet)";
     return 0;
 }
 

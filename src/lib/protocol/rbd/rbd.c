@@ -11,6 +11,7 @@
  * where fast-diff is valid (QEMU 7.2), otherwise everything is data.
  */
 #include "protocol/rbd/rbd.h"
+#include "blkimg/image_ops.h"
 #include "io/aio.h"
 
 #include <assert.h>
@@ -25,6 +26,8 @@
 
 /* Block status asks librbd about this much at a time and caches it. */
 #define STATUS_WINDOW (4ull << 30)
+/* QEMU's snapshot id field: an RBD snapshot's name is its id. */
+#define RBD_SNAP_ID_MAX 128
 
 /* One asynchronous librbd call, waited for by its coroutine. */
 struct rbd_req {
@@ -558,11 +561,6 @@ static int rbd_drv_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
         bi_rbd_target_free(&s->t);
         return ret;
     }
-    if (s->t.snap && o->read_write) {
-        bi_error_set(err, 0, "rbd snapshots are read-only");
-        bi_rbd_target_free(&s->t);
-        return -EROFS;
-    }
     s->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     if (s->efd < 0) {
         ret = -errno;
@@ -575,6 +573,9 @@ static int rbd_drv_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
     bi_fd_watch_init(&s->watch, efd_event);
     bi_co_mutex_init(&s->resize_lock);
     ret = in_thread(open_fn, &a);
+    /* as QEMU: the snapshot is looked up first, refused for writing then */
+    if (ret == 0 && s->t.snap && o->read_write)
+        ret = bi_error_setc(err, -EROFS, "rbd snapshots are read-only");
     if (ret < 0) {
         rbd_drv_close(n);
         return ret;
@@ -636,7 +637,7 @@ static int rbd_drv_get_info(bi_node *n, struct bi_image_info *info,
 static int rbd_storage_info(bi_node *n, struct bi_storage_info *out)
 {
     (void)n;
-    snprintf(out->filesystem, sizeof(out->filesystem), "rbd");
+    out->filesystem = "rbd";
     return 0;
 }
 
@@ -726,7 +727,7 @@ static int rbd_drv_create(const char *filename, const struct bi_create_opts *o,
 
 /* The image's snapshots as QEMU lists them: the name as id and tag, the
  * image size at the snapshot as VM size, no dates. */
-static int rbd_snap_list_all(bi_node *n, struct bi_snapshot_info **out,
+static int rbd_snap_list_all(bi_node *n, struct bi_snapshot_info ***out,
                              int *count)
 {
     struct rbd_state *s = n->opaque;
@@ -746,9 +747,11 @@ static int rbd_snap_list_all(bi_node *n, struct bi_snapshot_info **out,
     }
     *out = bi_xzalloc(sizeof(**out) * (size_t)ret);
     for (int i = 0; i < ret; i++) {
-        snprintf((*out)[i].id, sizeof((*out)[i].id), "%s", snaps[i].name);
-        snprintf((*out)[i].name, sizeof((*out)[i].name), "%s", snaps[i].name);
-        (*out)[i].vm_state_size = snaps[i].size;
+        struct bi_snapshot_info *sn = bi_xzalloc(sizeof(*sn));
+        sn->id = bi_xstrdup(snaps[i].name);
+        sn->name = bi_xstrdup(snaps[i].name);
+        sn->vm_state_size = snaps[i].size;
+        (*out)[i] = sn;
     }
     *count = ret;
     rbd_snap_list_end(snaps);
@@ -756,7 +759,86 @@ static int rbd_snap_list_all(bi_node *n, struct bi_snapshot_info **out,
     return 0;
 }
 
+/* Snapshots are named, and the name is the id: QEMU takes a name that is
+ * not empty and fits an id (under 128 bytes). */
+static int rbd_snap_create_co(bi_node *n, const char *name, bi_error *err)
+{
+    struct rbd_state *s = n->opaque;
+    int r;
+
+    if (!name[0]) {
+        r = -EINVAL;
+    } else if (strlen(name) >= RBD_SNAP_ID_MAX) {
+        r = -ERANGE;
+    } else {
+        r = rbd_snap_create(s->image, name);
+        if (r < 0)
+            bi_message(BI_MESSAGE_ERROR, "failed to create snap: %s",
+                       strerror(-r));
+    }
+    if (r < 0)
+        return bi_error_setc(err, r, "Could not create snapshot '%s': %d (%s)",
+                             name, r, strerror(-r));
+    return 0;
+}
+
+/* Rolls the image back to the snapshot name (librbd finds it or says
+ * -ENOENT). */
+static int rbd_snap_apply_co(bi_node *n, const char *name, bi_error *err)
+{
+    struct rbd_state *s = n->opaque;
+    uint64_t size;
+    int r = rbd_snap_rollback(s->image, name);
+
+    if (r < 0)
+        return bi_error_setc(err, r,
+                             "Could not apply snapshot '%s': Failed to load "
+                             "snapshot: %s",
+                             name, strerror(-r));
+    /* the snapshot may have another size than the image had */
+    if (rbd_get_size(s->image, &size) == 0)
+        n->size = size;
+    return 0;
+}
+
+/* Whether the image has a snapshot of that id or name (one and the same
+ * on RBD). */
+static bool rbd_snap_known(bi_node *n, const char *name)
+{
+    struct bi_snapshot_info **v;
+    int count;
+    bool found = false;
+
+    if (rbd_snap_list_all(n, &v, &count) < 0)
+        return false;
+    for (int i = 0; i < count; i++)
+        found = found || !strcmp(v[i]->name, name);
+    bi_snapshot_list_free(v, count);
+    return found;
+}
+
+static int rbd_snap_delete_co(bi_node *n, const char *name, bi_error *err)
+{
+    struct rbd_state *s = n->opaque;
+
+    if (!rbd_snap_known(n, name))
+        return bi_error_setc(err, -ENOENT,
+                             "Could not delete snapshot '%s': snapshot not "
+                             "found",
+                             name);
+    int r = rbd_snap_remove(s->image, name);
+    if (r < 0)
+        return bi_error_setc(err, r,
+                             "Could not delete snapshot '%s': Failed to "
+                             "remove the snapshot: %s",
+                             name, strerror(-r));
+    return 0;
+}
+
 static const struct bi_snapshot_ops rbd_snapshot_ops = {
+    .co_create = rbd_snap_create_co,
+    .co_apply = rbd_snap_apply_co,
+    .co_delete = rbd_snap_delete_co,
     .list = rbd_snap_list_all,
 };
 
