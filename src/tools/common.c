@@ -194,6 +194,15 @@ static bool other_protocol(const char *name)
     return caps >= 0 && (caps & BI_FORMAT_PROTOCOL) && strcmp(name, "file");
 }
 
+/* A file.driver whose keys go to the library as the file's options: a
+ * protocol other than file, or a format standing as the image format's
+ * file (raw with offset and size in an OVA). */
+static bool other_file_driver(const char *name)
+{
+    int caps = bi_format_caps(name);
+    return other_protocol(name) || (caps >= 0 && (caps & BI_FORMAT_OPEN));
+}
+
 int tool_object_add(const char *def)
 {
     bi_error err;
@@ -413,7 +422,7 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
             file_given = true;
         } else if (!strcmp(key, "file.driver")) {
             file_given = true;
-            if (other_protocol(val)) {
+            if (other_file_driver(val)) {
                 free(file_protocol);
                 file_protocol = val;
                 val = NULL;

@@ -2031,6 +2031,15 @@ static bool other_protocol(const char *name)
     return caps >= 0 && (caps & BI_FORMAT_PROTOCOL) && strcmp(name, "file");
 }
 
+/* A file.driver that names a format standing as the image's file (raw
+ * with offset and size: a disk inside an OVA); its keys go to the
+ * library as the file's. */
+static bool file_format_driver(const char *name)
+{
+    int caps = bi_format_caps(name);
+    return caps >= 0 && (caps & BI_FORMAT_OPEN) && !(caps & BI_FORMAT_PROTOCOL);
+}
+
 static bool is_generic_opt(const char *key)
 {
     for (int i = 0; generic_opts[i]; i++) {
@@ -2238,7 +2247,7 @@ int io_openfile(const char *name, struct io_open_req *r)
         fname = opt_get(l, "filename");
     }
     v = opt_get(l, "file.driver");
-    if (v && other_protocol(v)) {
+    if (v && (other_protocol(v) || file_format_driver(v))) {
         proto = v;
     } else if (driver && other_protocol(driver)) {
         proto = driver;

@@ -5,6 +5,7 @@
 #include "io/aio.h"
 #include "util/util.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
@@ -157,9 +158,54 @@ static void free_strv(char **v)
     free(v);
 }
 
+/* The format driver the protocol options name (one standing as another
+ * format's file: bi_driver.open_as_file), else NULL. */
+static const struct bi_driver *file_format(const struct bi_open_opts *o)
+{
+    const char *name = NULL;
+
+    for (const char *const *p = o->protocol_opts; p && *p; p++)
+        if (!strncmp(*p, "driver=", 7))
+            name = *p + 7;
+    const struct bi_driver *drv = name ? bi_driver_find(name) : NULL;
+    return drv && !drv->is_protocol ? drv : NULL;
+}
+
+bi_node *bi_open_filter_over(const struct bi_driver *drv, bi_node *child,
+                             const char *filename, const struct bi_open_opts *o,
+                             bi_error *err)
+{
+    assert(drv->is_protocol && child);
+    struct bi_open_opts fo = *o;
+    fo.read_write = !child->read_only;
+    bi_node *n = node_alloc(drv, filename, &fo);
+    n->opts.protocol_opts = NULL; /* not kept past open */
+    n->file = child;
+    child->parent = n;
+    int ret = drv->open(n, &fo, err);
+    if (ret < 0) {
+        n->file = NULL;
+        child->parent = NULL;
+        bi_node_free(n);
+        return NULL;
+    }
+    default_limits(n);
+    return n;
+}
+
 bi_node *bi_open_protocol(const char *filename, const struct bi_open_opts *o,
                           bi_error *err)
 {
+    const struct bi_driver *fmt = file_format(o);
+    if (fmt && !fmt->open_as_file) {
+        bi_error_set(err, 0,
+                     "The '%s' format cannot be another format's file in "
+                     "blkimg",
+                     fmt->name);
+        return NULL;
+    }
+    if (fmt)
+        return fmt->open_as_file(filename, o, err);
     const struct bi_driver *drv = choose_protocol(filename, o, err);
     if (!drv)
         return NULL;
