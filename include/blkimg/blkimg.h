@@ -167,6 +167,18 @@ struct bi_limits {
 };
 BI_EXPORT const struct bi_limits *bi_node_limits(const bi_node *n);
 
+/* QEMU's detect-zeroes: a write of zeroes to the node becomes a zero
+ * write (UNMAP: one that may unmap, as with BI_REQ_MAY_UNMAP). */
+enum bi_detect_zeroes {
+    BI_DETECT_ZEROES_OFF = 0,
+    BI_DETECT_ZEROES_ON,
+    BI_DETECT_ZEROES_UNMAP,
+};
+/* Parses "off", "on" or "unmap"; 0 or -EINVAL. */
+BI_EXPORT int bi_detect_zeroes_parse(const char *s, enum bi_detect_zeroes *out);
+/* Sets the node's detect-zeroes mode (writes made on n itself). */
+BI_EXPORT void bi_node_set_detect_zeroes(bi_node *n, enum bi_detect_zeroes dz);
+
 /* What `blkimg probe` shows, for a protocol node (file). */
 struct bi_storage_info {
     uint32_t page_size;

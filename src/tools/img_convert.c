@@ -158,7 +158,24 @@ int cv_parse_image_opts(const char *s, struct bi_open_opts *o,
             } else if (strcmp(val, "file")) {
                 cv_err("Unknown protocol '%s'", val);
                 goto fail;
+            } else {
+                fproto = "file"; /* named: regular files only */
             }
+        } else if (!strcmp(k, "backing") && tool_backing_none(val)) {
+            o->no_backing = true;
+        } else if (!strcmp(k, "discard") &&
+                   (!strcmp(val, "ignore") || !strcmp(val, "off") ||
+                    !strcmp(val, "unmap") || !strcmp(val, "on"))) {
+            /* convert discards nothing */
+        } else if (!strcmp(k, "detect-zeroes") &&
+                   bi_detect_zeroes_parse(val, &(enum bi_detect_zeroes){0}) ==
+                       0) {
+            /* convert writes zero runs as zero writes anyway */
+        } else if (!strcmp(k, "file.locking") &&
+                   (!strcmp(val, "auto") || !strcmp(val, "on"))) {
+            /* the default */
+        } else if (!strcmp(k, "file.locking") && !strcmp(val, "off")) {
+            o->no_lock = true;
         } else if (!strcmp(k, "cache.direct") || !strcmp(k, "file.aio") ||
                    !strcmp(k, "aio")) {
             /* cache mode comes from -t/-T; aio from the engine */
@@ -176,7 +193,7 @@ int cv_parse_image_opts(const char *s, struct bi_open_opts *o,
         free(drv);
         drv = NULL;
         nd = 0;
-    } else if (fproto) {
+    } else if (fproto && strcmp(fproto, "file")) {
         cv_push(&prot, &np, bi_xasprintf("driver=%s", fproto));
     } else if (np) {
         const char *eq = strchr(prot[0], '=');
@@ -184,6 +201,9 @@ int cv_parse_image_opts(const char *s, struct bi_open_opts *o,
                "the option '%.*s'",
                s, (int)(eq - prot[0]), prot[0]);
         goto fail;
+    }
+    if (fproto && !strcmp(fproto, "file")) {
+        cv_push(&prot, &np, bi_xstrdup("driver=file"));
     }
     if (!fname && !np) {
         cv_err("Could not open '%s': A block device must be specified for "
@@ -271,6 +291,15 @@ bi_node *cv_open_opts(const char *filename, const char *fmt, bool image_opts,
     if (!n) {
         /* the library's message is qemu's whole line */
         cv_err("%s", err.msg);
+    }
+    /* the format's own keys: unknown or refused ones fail, as in QEMU */
+    for (const char *const *p = o->driver_opts; n && p && *p; p++) {
+        if (tool_check_driver_opt(bi_node_format(n), *p, msg, sizeof(msg)) <
+            0) {
+            cv_err("Could not open '%s': %s", filename, msg);
+            bi_close(n, NULL);
+            n = NULL;
+        }
     }
     /* The node keeps no pointer to option strings past open except the
      * format name, which the library copies; free ours. */

@@ -2019,9 +2019,10 @@ static int parse_bool(const char *v)
 /* Options the tool itself interprets (everything else without a "file."
  * prefix goes to the format driver). */
 static const char *const generic_opts[] = {
-    "driver",   "file",         "file.filename",  "file.driver", "file.locking",
-    "file.aio", "cache.direct", "cache.no-flush", "read-only",   "force-share",
-    "discard",  "node-name",    "file.node-name", "filename",    NULL,
+    "driver",         "file",        "file.filename", "file.driver",
+    "file.locking",   "file.aio",    "cache.direct",  "cache.no-flush",
+    "read-only",      "force-share", "discard",       "node-name",
+    "file.node-name", "filename",    "detect-zeroes", NULL,
 };
 
 /* A protocol driver other than file (nbd). */
@@ -2029,6 +2030,13 @@ static bool other_protocol(const char *name)
 {
     int caps = bi_format_caps(name);
     return caps >= 0 && (caps & BI_FORMAT_PROTOCOL) && strcmp(name, "file");
+}
+
+/* A protocol driver, file included (driver=file,filename=...). */
+static bool is_protocol_driver(const char *name)
+{
+    int caps = bi_format_caps(name);
+    return caps >= 0 && (caps & BI_FORMAT_PROTOCOL);
 }
 
 /* A file.driver that names a format standing as the image's file (raw
@@ -2077,8 +2085,14 @@ static int check_driver_opt(const char *prefix, const char *fmt, const char *kv)
     size_t kl = strcspn(kv, "=");
     char msg[1024];
 
-    if (kl >= 7 && !strncmp(kv, "backing", 7) &&
-        (kv[7] == '.' || kv[7] == '=')) {
+    if (kl == 7 && !strncmp(kv, "backing", 7)) {
+        /* a node name, and qemu-io has no other nodes */
+        io_error_report("%sCould not open backing file: Cannot find "
+                        "device='%s' nor node-name='%s'",
+                        prefix, kv + 8, kv + 8);
+        return -EINVAL;
+    }
+    if (kl >= 7 && !strncmp(kv, "backing", 7) && kv[7] == '.') {
         io_error_report("%sOption '%.*s' is not supported", prefix, (int)kl,
                         kv);
         return -EINVAL;
@@ -2190,6 +2204,8 @@ int io_openfile(const char *name, struct io_open_req *r)
     bool nocache = r->nocache, no_flush = r->no_flush;
     bool read_only = r->read_only, force_share = r->force_share;
     bool unmap = r->unmap, no_lock = false, aio_set = r->aio_set;
+    bool no_backing = false;
+    enum bi_detect_zeroes dz = BI_DETECT_ZEROES_OFF;
     enum bi_aio aio = r->aio;
     int nd = 0, np = 0, b, ret = 1;
     bi_node *n;
@@ -2243,8 +2259,8 @@ int io_openfile(const char *name, struct io_open_req *r)
                         v, v);
         return 1;
     }
-    if (!fname && driver && !strcmp(driver, "file")) {
-        fname = opt_get(l, "filename");
+    if (!fname && driver && is_protocol_driver(driver)) {
+        fname = opt_get(l, "filename"); /* file, host_device... */
     }
     v = opt_get(l, "file.driver");
     if (v && (other_protocol(v) || file_format_driver(v))) {
@@ -2284,6 +2300,8 @@ int io_openfile(const char *name, struct io_open_req *r)
     popts = bi_xzalloc(sizeof(*popts) * (size_t)(l->n + 2));
     if (proto && proto != driver) {
         popts[np++] = bi_xasprintf("driver=%s", proto);
+    } else if (!proto && v && !strcmp(v, "file")) {
+        popts[np++] = bi_xstrdup("driver=file"); /* regular files only */
     }
     for (int i = 0; i < l->n; i++) {
         const char *key = l->v[i].key;
@@ -2297,9 +2315,17 @@ int io_openfile(const char *name, struct io_open_req *r)
                                        val ? val : "on");
             continue;
         }
+        if (!strcmp(key, "backing") && val && tool_backing_none(val)) {
+            no_backing = true;
+            continue;
+        }
+        if ((!strcmp(key, "locking") || !strcmp(key, "aio")) && driver &&
+            is_protocol_driver(driver)) {
+            continue; /* the protocol's, read below */
+        }
         if (is_generic_opt(key)) {
             if (!strcmp(key, "filename") &&
-                (!driver || strcmp(driver, "file") != 0)) {
+                (!driver || !is_protocol_driver(driver))) {
                 io_error_report("%sBlock format '%s' does not support the "
                                 "option 'filename'",
                                 prefix, driver ? driver : IO_DEFAULT_FORMAT);
@@ -2361,29 +2387,44 @@ int io_openfile(const char *name, struct io_open_req *r)
         force_share = b;
     }
     v = opt_get(l, "file.locking");
+    if (!v && driver && is_protocol_driver(driver)) {
+        v = opt_get(l, "locking");
+    }
     if (v) {
         if (!strcmp(v, "auto")) {
             no_lock = false;
         } else if ((b = parse_bool(v)) >= 0) {
             no_lock = !b;
         } else {
-            io_error_report("%sInvalid parameter value for 'locking': '%s'",
-                            prefix, v);
+            io_error_report("%sinvalid parameter value: %s", prefix, v);
             goto out;
         }
     }
     v = opt_get(l, "file.aio");
+    if (!v && driver && is_protocol_driver(driver)) {
+        v = opt_get(l, "aio");
+    }
     if (v) {
         if (io_parse_aio(v, &aio) < 0) {
-            io_error_report("%sInvalid parameter value for 'aio': '%s'", prefix,
-                            v);
+            io_error_report("%sinvalid parameter value: %s", prefix, v);
             goto out;
         }
         aio_set = true;
     }
     v = opt_get(l, "discard");
     if (v && io_parse_discard(v, &unmap) < 0) {
-        io_error_report("%sInvalid discard option: %s", prefix, v);
+        io_error_report("%sInvalid discard option", prefix);
+        goto out;
+    }
+    v = opt_get(l, "detect-zeroes");
+    if (v && bi_detect_zeroes_parse(v, &dz) < 0) {
+        io_error_report("%sinvalid parameter value: %s", prefix, v);
+        goto out;
+    }
+    if (dz == BI_DETECT_ZEROES_UNMAP && !unmap) {
+        io_error_report("%ssetting detect-zeroes to unmap is not allowed "
+                        "without setting discard operation to unmap",
+                        prefix);
         goto out;
     }
     if (aio_set && aio == BI_AIO_NATIVE && !nocache) {
@@ -2412,6 +2453,7 @@ int io_openfile(const char *name, struct io_open_req *r)
 
     bi_open_opts_init(&o);
     o.format = driver;
+    o.no_backing = no_backing;
     if (no_flush) {
         o.cache = nocache ? BI_CACHE_NONE : BI_CACHE_UNSAFE;
     } else if (nocache) {
@@ -2452,6 +2494,7 @@ int io_openfile(const char *name, struct io_open_req *r)
             goto out;
         }
     }
+    bi_node_set_detect_zeroes(n, dz);
     g_node = n;
     g_format_name = bi_node_format(n);
     g_cor = r->copy_on_read;

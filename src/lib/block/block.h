@@ -293,6 +293,11 @@ struct bi_driver {
     void (*debug_event)(bi_node *n, enum bi_debug_event ev);
 };
 
+/* Write flag of the generic layer only (never reaches a driver): the
+ * buffer is zeroes a zero write falls back on; detect-zeroes must not turn
+ * it into a zero write again. */
+#define BI_REQ_NO_DETECT_ZEROES (1 << 8)
+
 /* Permission bits, numbered as QEMU 7.2 numbers them (its lock bytes are
  * 100 + bit held, 200 + bit not shared). */
 enum {
@@ -345,6 +350,11 @@ struct bi_node {
     uint64_t size;
     bool read_only;
     bool format_probed; /* raw guessed by probing */
+    /* Protocols: the driver was named by the options (driver=file), not
+     * chosen by the file name (QEMU's file driver then takes regular
+     * files only). */
+    bool driver_named;
+    enum bi_detect_zeroes detect_zeroes; /* for writes made on the node */
     enum bi_cache cache;
     struct bi_open_opts opts; /* as opened (strings not owned) */
     struct bi_limits limits;

@@ -416,6 +416,15 @@ int bi_co_preadv(bi_node *n, uint64_t off, uint64_t len,
     return fmt_read(n, off, len, iov, iovcnt);
 }
 
+/* Whether every byte of iov (iovcnt entries) is zero. */
+static bool iov_is_zero(const struct iovec *iov, int iovcnt)
+{
+    for (int i = 0; i < iovcnt; i++)
+        if (!bi_buf_is_zero(iov[i].iov_base, iov[i].iov_len))
+            return false;
+    return true;
+}
+
 int bi_co_pwritev(bi_node *n, uint64_t off, uint64_t len,
                   const struct iovec *iov, int iovcnt, int flags)
 {
@@ -423,6 +432,17 @@ int bi_co_pwritev(bi_node *n, uint64_t off, uint64_t len,
         return -EPERM;
     if (len == 0)
         return 0;
+    /* detect-zeroes, as QEMU's bdrv_aligned_pwritev (FUA kept); not for
+     * the zero buffers a zero write falls back on */
+    bool detect = !(flags & BI_REQ_NO_DETECT_ZEROES);
+    flags &= ~BI_REQ_NO_DETECT_ZEROES;
+    if (detect && n->detect_zeroes != BI_DETECT_ZEROES_OFF &&
+        iov_is_zero(iov, iovcnt))
+        return bi_co_pwrite_zeroes(
+            n, off, len,
+            (flags & BI_REQ_FUA) |
+                (n->detect_zeroes == BI_DETECT_ZEROES_UNMAP ? BI_REQ_MAY_UNMAP
+                                                            : 0));
     int ret = 0;
     if (!n->drv->is_protocol)
         ret = check_request(n, off, len);
@@ -471,7 +491,8 @@ static int write_zero_buffers(bi_node *n, uint64_t off, uint64_t len, int flags)
     for (uint64_t done = 0; done < len && ret == 0;) {
         uint64_t l = BI_MIN(bufsz, len - done);
         ret = bi_co_pwrite(n, off + done, buf, l,
-                           flags & ~(BI_REQ_MAY_UNMAP | BI_REQ_NO_FALLBACK));
+                           (flags & ~(BI_REQ_MAY_UNMAP | BI_REQ_NO_FALLBACK)) |
+                               BI_REQ_NO_DETECT_ZEROES);
         done += l;
     }
     bi_free_aligned(buf);

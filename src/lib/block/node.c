@@ -124,6 +124,15 @@ static const struct bi_driver *choose_protocol(const char *filename,
     return drv;
 }
 
+/* Whether "driver=NAME" is among the protocol options. */
+static bool protocol_named(const struct bi_open_opts *o)
+{
+    for (const char *const *p = o->protocol_opts; p && *p; p++)
+        if (!strncmp(*p, "driver=", 7))
+            return true;
+    return false;
+}
+
 /* The options a protocol driver opens with: protocol_opts, then what its
  * file name says (for a name with its prefix; the driver refuses keys the
  * name contradicts). The strings of *out are owned by *l. */
@@ -223,6 +232,7 @@ bi_node *bi_open_protocol(const char *filename, const struct bi_open_opts *o,
     if (ret == 0) {
         n = node_alloc(drv, filename ? filename : drv->name, &po);
         n->opts.protocol_opts = NULL; /* not kept past open */
+        n->driver_named = protocol_named(o);
         ret = n->drv->open(n, &po, err);
         if (ret < 0) {
             bi_node_free(n);
@@ -659,6 +669,23 @@ int64_t bi_allocated_file_size(bi_node *n)
     if (n->drv->get_allocated_file_size)
         return n->drv->get_allocated_file_size(n);
     return n->file ? bi_allocated_file_size(n->file) : -ENOTSUP;
+}
+
+int bi_detect_zeroes_parse(const char *s, enum bi_detect_zeroes *out)
+{
+    static const char *const names[] = {"off", "on", "unmap"};
+    for (int i = 0; i < 3; i++) {
+        if (!strcmp(s, names[i])) {
+            *out = (enum bi_detect_zeroes)i;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+void bi_node_set_detect_zeroes(bi_node *n, enum bi_detect_zeroes dz)
+{
+    n->detect_zeroes = dz;
 }
 
 const struct bi_limits *bi_node_limits(const bi_node *n)
