@@ -224,6 +224,14 @@ BI_EXPORT int bi_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len,
                                int flags);
 BI_EXPORT int bi_pdiscard(bi_node *n, uint64_t off, uint64_t len);
 BI_EXPORT int bi_flush(bi_node *n);
+/* The VM state a format keeps beside the disk (qcow2: where QEMU's savevm
+ * puts it, past the guest data; blkimg-io's read -b / write -b): len
+ * bytes at pos of it. 0, -ENOTSUP for a format without VM state, or
+ * -errno. Snapshots keep it as they keep the disk; convert does not copy
+ * it. */
+BI_EXPORT int bi_vmstate_pread(bi_node *n, uint64_t pos, void *buf, size_t len);
+BI_EXPORT int bi_vmstate_pwrite(bi_node *n, uint64_t pos, const void *buf,
+                                size_t len);
 /* needed by blkimg-io: write -c. Writes [off, off+len) compressed (qcow2;
  * -ENOTSUP for formats without compression); off cluster-aligned, len a
  * multiple of the cluster size except for the image's last cluster. */

@@ -619,7 +619,7 @@ static void read_help(void)
            " Example:\n"
            " 'read -v 512 1k' - reads 1 KiB at offset 512 and dumps it in hex\n"
            "\n"
-           " -b, -- read from the VM state (not supported by blkimg)\n"
+           " -b, -- read from the VM state rather than the virtual disk\n"
            " -C, -- print the statistics as comma-separated values\n"
            " -l, -- length of the range checked with -P\n"
            " -p, -- accepted and ignored, for compatibility\n"
@@ -726,11 +726,12 @@ static int read_f(int argc, char **argv)
     }
 
     /* No buffer for a request that cannot be served (up to 2 GiB). */
-    ret = bflag ? -ENOTSUP /* no VM state in blkimg images */
-                : check_range(offset, (uint64_t)count);
+    ret = bflag ? 0 : check_range(offset, (uint64_t)count);
     buf = ret == 0 ? io_alloc((size_t)count, 0xab) : NULL;
     now(&t1);
-    if (ret == 0) {
+    if (ret == 0 && bflag) {
+        ret = bi_vmstate_pread(g_node, (uint64_t)offset, buf, (size_t)count);
+    } else if (ret == 0) {
         ret = bi_pread(g_node, (uint64_t)offset, buf, (size_t)count);
     }
     if (ret == 0) {
@@ -896,7 +897,7 @@ static void write_help(void)
            " Example:\n"
            " 'write 512 1k' - writes 1 KiB at offset 512\n"
            "\n"
-           " -b, -- write to the VM state (not supported by blkimg)\n"
+           " -b, -- write to the VM state rather than the virtual disk\n"
            " -c, -- write compressed clusters (formats with compression)\n"
            " -f, -- force unit access: on stable storage when it returns\n"
            " -n, -- with -z, fail rather than write zeroes slowly\n"
@@ -1018,8 +1019,7 @@ static int write_f(int argc, char **argv)
         }
     }
     /* (beyond IO_MAX_BYTES only with -z -n, checked above) */
-    ret = bflag ? -ENOTSUP /* no VM state in blkimg images */
-                : check_range(offset, (uint64_t)count);
+    ret = bflag ? 0 : check_range(offset, (uint64_t)count);
     if (!zflag) {
         if (sflag) {
             buf = io_alloc_from_file((size_t)count, file_name);
@@ -1042,6 +1042,8 @@ static int write_f(int argc, char **argv)
     } else if (ret == 0 && cflag) {
         ret =
             bi_pwrite_compressed(g_node, (uint64_t)offset, buf, (size_t)count);
+    } else if (ret == 0 && bflag) {
+        ret = bi_vmstate_pwrite(g_node, (uint64_t)offset, buf, (size_t)count);
     } else if (ret == 0) {
         ret = bi_pwrite(g_node, (uint64_t)offset, buf, (size_t)count, flags);
     }

@@ -654,6 +654,31 @@ int bi_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
     return ret;
 }
 
+/* The VM state area (QEMU's bdrv_save_vmstate / bdrv_load_vmstate): the
+ * bytes a format keeps past the guest disk, at the offset its geometry
+ * names (qcow2: after the last L1 entry the disk needs), read and written
+ * through the format's own map like guest data but beyond its size.
+ * -ENOTSUP for a node without VM state. */
+static int co_vmstate_rw(bi_node *n, uint64_t pos, uint64_t len,
+                         const struct iovec *iov, int iovcnt, bool write)
+{
+    struct bi_geometry g;
+    bi_node_geometry(n, &g);
+    if (n->drv->is_protocol || !g.vm_state_offset)
+        return -ENOTSUP;
+    if (pos > INT64_MAX - g.vm_state_offset ||
+        len > INT64_MAX - g.vm_state_offset - pos)
+        return -EINVAL;
+    if (len == 0)
+        return 0;
+    if (!write)
+        return fmt_read(n, g.vm_state_offset + pos, len, iov, iovcnt);
+    if (n->read_only)
+        return -EPERM;
+    n->write_gen++;
+    return fmt_write(n, g.vm_state_offset + pos, len, iov, iovcnt, 0);
+}
+
 /* ------------------------------------------------- synchronous public API */
 
 struct sync_rw {
@@ -665,7 +690,15 @@ struct sync_rw {
     int op;
 };
 
-enum { OP_READ, OP_WRITE, OP_ZERO, OP_DISCARD, OP_FLUSH };
+enum {
+    OP_READ,
+    OP_WRITE,
+    OP_ZERO,
+    OP_DISCARD,
+    OP_FLUSH,
+    OP_VMS_READ,
+    OP_VMS_WRITE
+};
 
 static int sync_rw_fn(void *opaque)
 {
@@ -679,6 +712,10 @@ static int sync_rw_fn(void *opaque)
         return bi_co_pwrite_zeroes(r->n, r->off, r->len, r->flags);
     case OP_DISCARD:
         return bi_co_pdiscard(r->n, r->off, r->len);
+    case OP_VMS_READ:
+    case OP_VMS_WRITE:
+        return co_vmstate_rw(r->n, r->off, r->len, r->iov, r->iovcnt,
+                             r->op == OP_VMS_WRITE);
     default:
         return bi_co_flush(r->n);
     }
@@ -696,6 +733,20 @@ int bi_pwritev(bi_node *n, uint64_t off, const struct iovec *iov, int iovcnt,
 {
     struct sync_rw r = {n,     off,     bi_iov_size(iov, iovcnt), iov, iovcnt,
                         flags, OP_WRITE};
+    return bi_run_co(sync_rw_fn, &r);
+}
+
+int bi_vmstate_pread(bi_node *n, uint64_t pos, void *buf, size_t len)
+{
+    struct iovec v = {buf, len};
+    struct sync_rw r = {n, pos, len, &v, 1, 0, OP_VMS_READ};
+    return bi_run_co(sync_rw_fn, &r);
+}
+
+int bi_vmstate_pwrite(bi_node *n, uint64_t pos, const void *buf, size_t len)
+{
+    struct iovec v = {(void *)buf, len};
+    struct sync_rw r = {n, pos, len, &v, 1, 0, OP_VMS_WRITE};
     return bi_run_co(sync_rw_fn, &r);
 }
 

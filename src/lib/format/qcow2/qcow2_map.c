@@ -88,11 +88,16 @@ int qc_get_l2_table(bi_node *n, uint64_t off, bool alloc, void **table,
     uint64_t l1_idx = off >> (s->l2_bits + s->cluster_bits);
     *table = NULL;
     *idx = (off >> s->cluster_bits) & (s->l2_entries - 1);
-    if (l1_idx >= s->l1_size)
-        return -EIO;
+    int ret;
+    if (l1_idx >= s->l1_size) {
+        /* the VM state past the disk: the L1 table grows, as QEMU's
+         * get_cluster_table grows it */
+        ret = qc_grow_l1(n, l1_idx + 1);
+        if (ret < 0)
+            return ret;
+    }
     uint64_t l1e = s->l1_table[l1_idx];
     uint64_t old = l1e & L1E_OFFSET_MASK;
-    int ret;
     if (old && (l1e & QCOW_OFLAG_COPIED)) {
         ret = validate_l2_offset(n, l1_idx, old);
         if (ret < 0)
