@@ -200,7 +200,8 @@ static bool other_protocol(const char *name)
 static bool other_file_driver(const char *name)
 {
     int caps = bi_format_caps(name);
-    return other_protocol(name) || (caps >= 0 && (caps & BI_FORMAT_OPEN));
+    return other_protocol(name) || (caps >= 0 && (caps & BI_FORMAT_OPEN) &&
+                                    !(caps & BI_FORMAT_PROTOCOL));
 }
 
 int tool_object_add(const char *def)

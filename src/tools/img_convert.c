@@ -152,7 +152,8 @@ int cv_parse_image_opts(const char *s, struct bi_open_opts *o,
             int caps = bi_format_caps(val);
             /* a format as the file: raw with offset and size (an OVA) */
             if (cv_other_protocol(val) ||
-                (caps >= 0 && (caps & BI_FORMAT_OPEN))) {
+                (caps >= 0 && (caps & BI_FORMAT_OPEN) &&
+                 !(caps & BI_FORMAT_PROTOCOL))) {
                 cv_push(&v, &nv, bi_xstrdup(val));
                 fproto = v[nv - 1];
             } else if (strcmp(val, "file")) {

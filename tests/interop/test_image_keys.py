@@ -63,6 +63,11 @@ OPEN_CASES = [
     'json:{"driver": "qcow2", "file": {"driver": "file", "filename": '
     '"ov.qcow2", "locking": "auto", "aio": "threads"}, "cache": '
     '{"direct": true, "no-flush": false}}',
+    # CDI's spelling (json: and a space), with keys file does not take
+    'json: {"file.driver": "file", "file.filename": "ov.qcow2", '
+    '"file.timeout": 3600}',
+    'json: {"file.driver": "host_device", "file.filename": "ov.qcow2"}',
+    'json: {"file.driver": "file", "file.filename": "ov.qcow2"}',
 ]
 
 
