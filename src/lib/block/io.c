@@ -668,7 +668,7 @@ static int co_vmstate_rw(bi_node *n, uint64_t pos, uint64_t len,
         return -ENOTSUP;
     if (pos > INT64_MAX - g.vm_state_offset ||
         len > INT64_MAX - g.vm_state_offset - pos)
-        return -EINVAL;
+        return -EIO; /* as QEMU's request checks */
     if (len == 0)
         return 0;
     if (!write)
