@@ -128,9 +128,14 @@ static void cv_push(char ***v, int *n, char *item)
     (*v)[*n] = NULL;
 }
 
+/* The detect-zeroes of the image options cv_parse_image_opts read last
+ * (set on the node once it is open). */
+static enum bi_detect_zeroes cv_detect_zeroes;
+
 int cv_parse_image_opts(const char *s, struct bi_open_opts *o,
                         const char **filename, char ***owned)
 {
+    cv_detect_zeroes = BI_DETECT_ZEROES_OFF;
     struct bi_optlist l;
     memset(&l, 0, sizeof(l));
     if (bi_optlist_parse(&l, s) < 0) {
@@ -164,14 +169,19 @@ int cv_parse_image_opts(const char *s, struct bi_open_opts *o,
             }
         } else if (!strcmp(k, "backing") && tool_backing_none(val)) {
             o->no_backing = true;
-        } else if (!strcmp(k, "discard") &&
-                   (!strcmp(val, "ignore") || !strcmp(val, "off") ||
-                    !strcmp(val, "unmap") || !strcmp(val, "on"))) {
+        } else if (!strcmp(k, "discard")) {
             /* convert discards nothing */
-        } else if (!strcmp(k, "detect-zeroes") &&
-                   bi_detect_zeroes_parse(val, &(enum bi_detect_zeroes){0}) ==
-                       0) {
-            /* convert writes zero runs as zero writes anyway */
+            if (strcmp(val, "ignore") && strcmp(val, "off") &&
+                strcmp(val, "unmap") && strcmp(val, "on")) {
+                cv_err("Could not open '%s': Invalid discard option", s);
+                goto fail;
+            }
+        } else if (!strcmp(k, "detect-zeroes")) {
+            if (bi_detect_zeroes_parse(val, &cv_detect_zeroes) < 0) {
+                cv_err("Could not open '%s': invalid parameter value: %s", s,
+                       val);
+                goto fail;
+            }
         } else if (!strcmp(k, "file.locking") &&
                    (!strcmp(val, "auto") || !strcmp(val, "on"))) {
             /* the default */
@@ -292,6 +302,9 @@ bi_node *cv_open_opts(const char *filename, const char *fmt, bool image_opts,
     if (!n) {
         /* the library's message is qemu's whole line */
         cv_err("%s", err.msg);
+    }
+    if (n && (image_opts || o->named_by_options)) {
+        bi_node_set_detect_zeroes(n, cv_detect_zeroes);
     }
     /* the format's own keys: unknown or refused ones fail, as in QEMU */
     for (const char *const *p = o->driver_opts; n && p && *p; p++) {

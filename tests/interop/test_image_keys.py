@@ -169,3 +169,24 @@ def test_vdsm_measure_verbatim(imgs, loopdev, run, qemu_img, blkimg):
         q = run(qemu_img, *args, cwd=imgs)
         b = run(blkimg, *args, cwd=imgs)
         assert norm(b, "blkimg") == norm(q, "qemu-img"), args
+
+
+@pytest.mark.parametrize("dz", ["", ",detect-zeroes=on", ",detect-zeroes=bogus",
+                                ",discard=bogus"])
+def test_convert_target_detect_zeroes(tmp_path, run, qemu_img, blkimg, dz):
+    """convert -S 0 writes every block; detect-zeroes on the target makes
+    the zero ones zero writes, as in qemu-img."""
+    maps = []
+    for sub, tool in (("q", qemu_img), ("b", blkimg)):
+        d = tmp_path / sub
+        d.mkdir()
+        (d / "z.raw").write_bytes(bytes(MiB))
+        run(qemu_img, "create", "-q", "-f", "qcow2", d / "t.qcow2", "1M",
+            check=True)
+        r = run(tool, "convert", "-S", "0", "-n", "-f", "raw", "z.raw",
+                "--target-image-opts",
+                "driver=qcow2,file.filename=t.qcow2" + dz, cwd=d)
+        maps.append((norm(r, "")[0], norm(r, "")[2], run(
+            qemu_img, "map", "--output=json", d / "t.qcow2",
+            check=True).stdout))
+    assert maps[1] == maps[0]
