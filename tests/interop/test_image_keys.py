@@ -190,3 +190,17 @@ def test_convert_target_detect_zeroes(tmp_path, run, qemu_img, blkimg, dz):
             qemu_img, "map", "--output=json", d / "t.qcow2",
             check=True).stdout))
     assert maps[1] == maps[0]
+
+
+def test_host_cdrom_without_disc(imgs, loopdev, run, qemu_img, qemu_io,
+                                 blkimg, blkimg_io):
+    """host_cdrom on a device that is no CD drive: it opens (info shows
+    its size), its reads fail with "No medium found", as in QEMU."""
+    spec = "driver=raw,file.driver=host_cdrom,file.filename=" + loopdev
+    q = run(qemu_img, "info", "-f", "host_cdrom", loopdev)
+    b = run(blkimg, "info", "-f", "host_cdrom", loopdev)
+    assert norm(b, "blkimg") == norm(q, "qemu-img")
+    q = run(qemu_io, "-c", "read 0 512", "--image-opts", spec)
+    b = run(blkimg_io, "-c", "read 0 512", "--image-opts", spec)
+    assert (b.returncode, b.stdout) == (q.returncode, q.stdout)
+    assert q.stdout == "read failed: No medium found\n"

@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/cdrom.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
 #include <stdio.h>
@@ -38,6 +39,7 @@ struct file_state {
     struct bi_file_lock lock;
     int flush_error;    /* sticky: a failed fdatasync loses the page cache */
     bool no_zero_range; /* FALLOC_FL_ZERO_RANGE refused once */
+    bool no_medium;     /* host_cdrom on a drive without a disc */
     bool no_punch;      /* FALLOC_FL_PUNCH_HOLE refused once */
 };
 
@@ -281,6 +283,11 @@ static int file_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
     /* Character devices (e.g. /dev/null) are served like block devices,
      * as QEMU's host_device does. */
     s->is_blk = S_ISBLK(st.st_mode) || S_ISCHR(st.st_mode);
+    /* QEMU's host_cdrom: a device that does not say it holds a disc (any
+     * device but a CD drive) opens, and its reads and writes fail */
+    s->no_medium =
+        n->drv == &bi_drv_host_cdrom &&
+        ioctl(s->fd, CDROM_DRIVE_STATUS, CDSL_CURRENT) != CDS_DISC_OK;
 
     if (s->is_blk && o->read_write) {
         int ro = 0;
@@ -412,6 +419,9 @@ static int file_transfer(bi_node *n, bool write, uint64_t off, uint64_t len,
     struct file_state *s = n->opaque;
     uint32_t align =
         n->limits.request_alignment ? n->limits.request_alignment : 1;
+    if (s->no_medium) {
+        return -ENOMEDIUM; /* as QEMU's host_cdrom */
+    }
     const struct iovec *cur = iov;
     int curcnt = iovcnt;
     struct iovec *sub = NULL;
