@@ -55,6 +55,35 @@ static int raw_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
     return 0;
 }
 
+/* Refuses the keys of raw's file ("k=v", NULL-terminated, "driver=NAME"
+ * among them) that its driver does not take, in QEMU's words: a driver
+ * with a table of run-time options checks its own; one without (file)
+ * takes its name, locking and aio only (the latter two are not applied:
+ * the image's own locking and engine stand). */
+static int check_file_keys(const char *const *keys, bi_error *err)
+{
+    const char *name = opt_value(keys, "driver");
+    const struct bi_driver *d = bi_driver_find(name ? name : "file");
+    if (!d) {
+        bi_error_set(err, 0, "Unknown driver '%s'", name);
+        return -EINVAL;
+    }
+    if (d->runtime_opts)
+        return 0; /* its open checks them */
+    for (const char *const *p = keys; *p; p++) {
+        size_t kl = strcspn(*p, "=");
+        if ((kl == 6 && !strncmp(*p, "driver", 6)) ||
+            (kl == 7 && !strncmp(*p, "locking", 7)) ||
+            (kl == 3 && !strncmp(*p, "aio", 3)))
+            continue;
+        bi_error_set(err, 0,
+                     "Block protocol '%s' doesn't support the option '%.*s'",
+                     d->name, (int)kl, *p);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 /* raw as another format's file (bi_driver.open_as_file): its own keys
  * (offset, size) make the window, the "file.*" keys open its file. */
 static bi_node *raw_open_as_file(const char *filename,
@@ -88,6 +117,10 @@ static bi_node *raw_open_as_file(const char *filename,
             free(keys);
             return NULL;
         }
+    }
+    if (check_file_keys(keys, err) < 0) {
+        free(keys);
+        return NULL;
     }
     struct bi_open_opts co = *o;
     co.protocol_opts = keys;
