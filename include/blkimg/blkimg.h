@@ -199,6 +199,18 @@ struct bi_limits {
 };
 BI_EXPORT const struct bi_limits *bi_node_limits(const bi_node *n);
 
+/* QEMU's detect-zeroes: a write of zeroes to the node becomes a zero
+ * write (UNMAP: one that may unmap, as with BI_REQ_MAY_UNMAP). */
+enum bi_detect_zeroes {
+    BI_DETECT_ZEROES_OFF = 0,
+    BI_DETECT_ZEROES_ON,
+    BI_DETECT_ZEROES_UNMAP,
+};
+/* Parses "off", "on" or "unmap"; 0 or -EINVAL. */
+BI_EXPORT int bi_detect_zeroes_parse(const char *s, enum bi_detect_zeroes *out);
+/* Sets the node's detect-zeroes mode (writes made on n itself). */
+BI_EXPORT void bi_node_set_detect_zeroes(bi_node *n, enum bi_detect_zeroes dz);
+
 /* What `blkimg probe` shows, for a protocol node (file). */
 struct bi_storage_info {
     uint32_t page_size;
@@ -251,6 +263,14 @@ BI_EXPORT int bi_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len,
                                int flags);
 BI_EXPORT int bi_pdiscard(bi_node *n, uint64_t off, uint64_t len);
 BI_EXPORT int bi_flush(bi_node *n);
+/* The VM state a format keeps beside the disk (qcow2: where QEMU's savevm
+ * puts it, past the guest data; blkimg-io's read -b / write -b): len
+ * bytes at pos of it. 0, -ENOTSUP for a format without VM state, or
+ * -errno. Snapshots keep it as they keep the disk; convert does not copy
+ * it. */
+BI_EXPORT int bi_vmstate_pread(bi_node *n, uint64_t pos, void *buf, size_t len);
+BI_EXPORT int bi_vmstate_pwrite(bi_node *n, uint64_t pos, const void *buf,
+                                size_t len);
 /* needed by blkimg-io: write -c. Writes [off, off+len) compressed (qcow2;
  * -ENOTSUP for formats without compression); off cluster-aligned, len a
  * multiple of the cluster size except for the image's last cluster. */

@@ -29,6 +29,7 @@ enum bi_value_type {
     BI_VALUE_BOOL,
     BI_VALUE_OBJECT, /* members in insertion order, keys unique */
     BI_VALUE_ARRAY,
+    BI_VALUE_NULL, /* JSON's null (json: names: "backing": null) */
 };
 
 typedef struct bi_value bi_value;
@@ -39,6 +40,7 @@ BI_EXPORT bi_value *bi_value_int(int64_t v);
 BI_EXPORT bi_value *bi_value_uint(uint64_t v);
 BI_EXPORT bi_value *bi_value_string(const char *s); /* copied; NULL: "" */
 BI_EXPORT bi_value *bi_value_bool(bool v);
+BI_EXPORT bi_value *bi_value_null(void);
 BI_EXPORT void bi_value_free(bi_value *v); /* NULL is fine */
 /* A deep copy of v. */
 BI_EXPORT bi_value *bi_value_copy(const bi_value *v);

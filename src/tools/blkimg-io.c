@@ -224,6 +224,7 @@ int main(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     tool_install_message_handler();
     io_set_progname(prog);
+    tool_prog = prog; /* the shared option parsing warns under it */
     io_open_req_init(&req);
 
     while ((c = getopt_long(argc, argv, sopt, lopt, NULL)) != -1) {

@@ -196,6 +196,16 @@ static bool other_protocol(const char *name)
     return caps >= 0 && (caps & BI_FORMAT_PROTOCOL) && strcmp(name, "file");
 }
 
+/* A file.driver whose keys go to the library as the file's options: a
+ * protocol other than file, or a format standing as the image format's
+ * file (raw with offset and size in an OVA). */
+static bool other_file_driver(const char *name)
+{
+    int caps = bi_format_caps(name);
+    return other_protocol(name) || (caps >= 0 && (caps & BI_FORMAT_OPEN) &&
+                                    !(caps & BI_FORMAT_PROTOCOL));
+}
+
 int tool_object_add(const char *def)
 {
     bi_error err;
@@ -271,6 +281,10 @@ static int json_flatten(FILE *out, const bi_value *v, const char *prefix,
             }
             *first = false;
             break;
+        case BI_VALUE_NULL:
+            fprintf(out, "%s%s=%s", *first ? "" : ",", full, TOOL_JSON_NULL);
+            *first = false;
+            break;
         default:
             ret = -EINVAL;
         }
@@ -323,6 +337,26 @@ int tool_json_filename(const char *name, char **opts, char *errbuf,
     return 1;
 }
 
+/* Whether name is a registered protocol driver (file, nbd...). */
+static bool is_protocol_name(const char *name)
+{
+    int caps = bi_format_caps(name);
+    return caps >= 0 && (caps & BI_FORMAT_PROTOCOL);
+}
+
+bool tool_backing_none(const char *val)
+{
+    if (!strcmp(val, TOOL_JSON_NULL)) {
+        return true;
+    }
+    if (*val) {
+        return false;
+    }
+    tool_error("warning: Use of \"backing\": \"\" is deprecated; use "
+               "\"backing\": null instead");
+    return true;
+}
+
 /* Splits "k=v,k2=v2" as QemuOpts does: ",," is a literal comma; the first
  * element may lack "=": it is then the value of the implied key "file". */
 int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
@@ -333,6 +367,9 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
     bool file_is_ref = false, file_given = false;
     char *file_ref = NULL, *plain_filename = NULL;
     char *file_protocol = NULL; /* file.driver naming nbd */
+    bool file_named = false;    /* file.driver=file */
+    char *proto_key = NULL;     /* locking or aio without "file." */
+    bool deferred = false;      /* errbuf: a bad value of proto_key's */
     char **file_keys = NULL;    /* other file.* keys, "k=v" */
     int n_file_keys = 0;
 
@@ -415,13 +452,15 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
             file_given = true;
         } else if (!strcmp(key, "file.driver")) {
             file_given = true;
-            if (other_protocol(val)) {
+            if (other_file_driver(val)) {
                 free(file_protocol);
                 file_protocol = val;
                 val = NULL;
             } else if (strcmp(val, "file")) {
                 snprintf(errbuf, errlen, "Unknown driver '%s'", val);
                 bad = 1;
+            } else {
+                file_named = true;
             }
         } else if (!strcmp(key, "cache.direct") ||
                    !strcmp(key, "file.cache.direct")) {
@@ -431,6 +470,8 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
                    !strcmp(key, "file.cache.no-flush")) {
             io->has_no_flush = true;
             bad = parse_bool(val, &io->no_flush);
+        } else if (!strcmp(key, "backing") && tool_backing_none(val)) {
+            io->no_backing = true;
         } else if (!strcmp(key, "force-share")) {
             io->has_force_share = true;
             bad = parse_bool(val, &io->force_share);
@@ -441,14 +482,34 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
             /* "auto" behaves as "on" for local files */
             io->has_locking = true;
             io->locking = true;
-            if (strcmp(val, "auto")) {
-                bad = parse_bool(val, &io->locking);
+            if (key[0] != 'f') {
+                free(proto_key);
+                proto_key = bi_xstrdup(key);
+            }
+            if (strcmp(val, "auto") && parse_bool(val, &io->locking) < 0) {
+                snprintf(errbuf, errlen, "invalid parameter value: %s", val);
+                bad = key[0] == 'f' ? 1 : (deferred = true, 0);
             }
         } else if (!strcmp(key, "aio") || !strcmp(key, "file.aio")) {
             io->has_aio = true;
+            if (key[0] != 'f') {
+                free(proto_key);
+                proto_key = bi_xstrdup(key);
+            }
             if (bi_aio_parse(val, &io->aio) < 0) {
-                snprintf(errbuf, errlen,
-                         "Parameter 'aio' does not accept value '%s'", val);
+                snprintf(errbuf, errlen, "invalid parameter value: %s", val);
+                bad = key[0] == 'f' ? 1 : (deferred = true, 0);
+            }
+        } else if (!strcmp(key, "discard")) {
+            if (!strcmp(val, "unmap") || !strcmp(val, "on")) {
+                io->discard_unmap = true;
+            } else if (strcmp(val, "ignore") && strcmp(val, "off")) {
+                snprintf(errbuf, errlen, "Invalid discard option");
+                bad = 1;
+            }
+        } else if (!strcmp(key, "detect-zeroes")) {
+            if (bi_detect_zeroes_parse(val, &io->detect_zeroes) < 0) {
+                snprintf(errbuf, errlen, "invalid parameter value: %s", val);
                 bad = 1;
             }
         } else if (!strncmp(key, "file.", 5)) {
@@ -477,6 +538,24 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
     }
     if (!io->driver && !file_given) {
         snprintf(errbuf, errlen, "Must specify either driver or file");
+        goto fail;
+    }
+    if (proto_key && io->driver && !is_protocol_name(io->driver)) {
+        /* the protocol's keys, not the format's */
+        snprintf(errbuf, errlen,
+                 "Block format '%s' does not support the option '%s'",
+                 io->driver, proto_key);
+        goto fail;
+    }
+    free(proto_key);
+    proto_key = NULL;
+    if (deferred) { /* the protocol's option, with a bad value */
+        goto fail;
+    }
+    if (io->detect_zeroes == BI_DETECT_ZEROES_UNMAP && !io->discard_unmap) {
+        snprintf(errbuf, errlen,
+                 "setting detect-zeroes to unmap is not allowed without "
+                 "setting discard operation to unmap");
         goto fail;
     }
     if (file_keys && !file_protocol) {
@@ -552,10 +631,15 @@ int tool_parse_image_opts(const char *s, struct tool_image_opts *io,
                  "A block device must be specified for \"file\"");
         goto fail;
     }
+    if (file_named) { /* named, file opens regular files only */
+        strv_push(&io->protocol_opts, &io->n_protocol_opts,
+                  bi_xstrdup("driver=file"));
+    }
     free(file_ref);
     free(plain_filename);
     return 0;
 fail:
+    free(proto_key);
     free(file_ref);
     free(plain_filename);
     free(file_protocol);
@@ -716,6 +800,9 @@ static bi_node *open_image(struct tool_image *ti, const char *spec,
         if (io.has_locking) {
             o.no_lock = !io.locking;
         }
+        if (io.no_backing) {
+            o.no_backing = true;
+        }
         if (io.has_direct || io.has_no_flush) {
             bool direct = bi_cache_is_direct(cache);
             bool no_flush = cache == BI_CACHE_UNSAFE;
@@ -786,6 +873,9 @@ static bi_node *open_image(struct tool_image *ti, const char *spec,
             tool_image_opts_free(&io);
             return NULL;
         }
+    }
+    if (n && io.detect_zeroes != BI_DETECT_ZEROES_OFF) {
+        bi_node_set_detect_zeroes(n, io.detect_zeroes);
     }
     if (!n) {
         if (by_opts) {

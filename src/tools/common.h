@@ -79,7 +79,10 @@ struct tool_image_opts {
     bool has_locking, locking; /* locking / file.locking */
     bool has_aio;
     enum bi_aio aio;    /* aio / file.aio */
-    char **driver_opts; /* other keys "k=v", NULL-terminated */
+    bool no_backing;    /* "backing": null (or the deprecated "") */
+    bool discard_unmap; /* discard=unmap|on (QEMU's default: ignore) */
+    enum bi_detect_zeroes detect_zeroes; /* detect-zeroes */
+    char **driver_opts;                  /* other keys "k=v", NULL-terminated */
     int n_driver_opts;
     /* A protocol other than file (driver=nbd, or file.driver=nbd under a
      * format): its keys "k=v" (file.* without the prefix), the first
@@ -99,6 +102,13 @@ void tool_image_opts_free(struct tool_image_opts *io);
  * to QEMU's words for a bad one. */
 int tool_json_filename(const char *name, char **opts, char *errbuf,
                        size_t errlen);
+/* The value tool_json_filename gives a member that is null (a byte no
+ * command line carries): "backing": null opens no backing file. */
+#define TOOL_JSON_NULL "\x1fnull"
+/* Whether the value of the key "backing" asks for no backing file (null,
+ * or "" with QEMU's deprecation warning printed); anything else names a
+ * node, which the format refuses as an unknown option. */
+bool tool_backing_none(const char *val);
 
 /* The names of the registered drivers that open images, joined by sep
  * (malloc'd): formats and/or protocols (which), each kind in registry

@@ -173,7 +173,7 @@ int img_check(int argc, char **argv)
     ti.quiet_probe = quiet;
 
     bi_node *n;
-    if (!ti.image_opts) {
+    if (!ti.image_opts && strncmp(ti.filename, "json:", 5)) {
         /* opened for checking (QEMU's BDRV_O_CHECK): a corrupt image opens
          * read-write for repair, a dirty one is not repaired by opening,
          * and tables beyond the end of the file are the check's findings */

@@ -128,9 +128,14 @@ static void cv_push(char ***v, int *n, char *item)
     (*v)[*n] = NULL;
 }
 
+/* The detect-zeroes of the image options cv_parse_image_opts read last
+ * (set on the node once it is open). */
+static enum bi_detect_zeroes cv_detect_zeroes;
+
 int cv_parse_image_opts(const char *s, struct bi_open_opts *o,
                         const char **filename, char ***owned)
 {
+    cv_detect_zeroes = BI_DETECT_ZEROES_OFF;
     struct bi_optlist l;
     memset(&l, 0, sizeof(l));
     if (bi_optlist_parse(&l, s) < 0) {
@@ -149,13 +154,39 @@ int cv_parse_image_opts(const char *s, struct bi_open_opts *o,
             cv_push(&v, &nv, bi_xstrdup(val));
             fname = v[nv - 1];
         } else if (!strcmp(k, "file.driver")) {
-            if (cv_other_protocol(val)) {
+            int caps = bi_format_caps(val);
+            /* a format as the file: raw with offset and size (an OVA) */
+            if (cv_other_protocol(val) ||
+                (caps >= 0 && (caps & BI_FORMAT_OPEN) &&
+                 !(caps & BI_FORMAT_PROTOCOL))) {
                 cv_push(&v, &nv, bi_xstrdup(val));
                 fproto = v[nv - 1];
             } else if (strcmp(val, "file")) {
                 cv_err("Unknown protocol '%s'", val);
                 goto fail;
+            } else {
+                fproto = "file"; /* named: regular files only */
             }
+        } else if (!strcmp(k, "backing") && tool_backing_none(val)) {
+            o->no_backing = true;
+        } else if (!strcmp(k, "discard")) {
+            /* convert discards nothing */
+            if (strcmp(val, "ignore") && strcmp(val, "off") &&
+                strcmp(val, "unmap") && strcmp(val, "on")) {
+                cv_err("Could not open '%s': Invalid discard option", s);
+                goto fail;
+            }
+        } else if (!strcmp(k, "detect-zeroes")) {
+            if (bi_detect_zeroes_parse(val, &cv_detect_zeroes) < 0) {
+                cv_err("Could not open '%s': invalid parameter value: %s", s,
+                       val);
+                goto fail;
+            }
+        } else if (!strcmp(k, "file.locking") &&
+                   (!strcmp(val, "auto") || !strcmp(val, "on"))) {
+            /* the default */
+        } else if (!strcmp(k, "file.locking") && !strcmp(val, "off")) {
+            o->no_lock = true;
         } else if (!strcmp(k, "cache.direct") || !strcmp(k, "file.aio") ||
                    !strcmp(k, "aio")) {
             /* cache mode comes from -t/-T; aio from the engine */
@@ -173,7 +204,7 @@ int cv_parse_image_opts(const char *s, struct bi_open_opts *o,
         free(drv);
         drv = NULL;
         nd = 0;
-    } else if (fproto) {
+    } else if (fproto && strcmp(fproto, "file")) {
         cv_push(&prot, &np, bi_xasprintf("driver=%s", fproto));
     } else if (np) {
         const char *eq = strchr(prot[0], '=');
@@ -181,6 +212,9 @@ int cv_parse_image_opts(const char *s, struct bi_open_opts *o,
                "the option '%.*s'",
                s, (int)(eq - prot[0]), prot[0]);
         goto fail;
+    }
+    if (fproto && !strcmp(fproto, "file")) {
+        cv_push(&prot, &np, bi_xstrdup("driver=file"));
     }
     if (!fname && !np) {
         cv_err("Could not open '%s': A block device must be specified for "
@@ -268,6 +302,18 @@ bi_node *cv_open_opts(const char *filename, const char *fmt, bool image_opts,
     if (!n) {
         /* the library's message is qemu's whole line */
         cv_err("%s", err.msg);
+    }
+    if (n && (image_opts || o->named_by_options)) {
+        bi_node_set_detect_zeroes(n, cv_detect_zeroes);
+    }
+    /* the format's own keys: unknown or refused ones fail, as in QEMU */
+    for (const char *const *p = o->driver_opts; n && p && *p; p++) {
+        if (tool_check_driver_opt(bi_node_format(n), *p, msg, sizeof(msg)) <
+            0) {
+            cv_err("Could not open '%s': %s", filename, msg);
+            bi_close(n, NULL);
+            n = NULL;
+        }
     }
     /* The node keeps no pointer to option strings past open except the
      * format name, which the library copies; free ours. */

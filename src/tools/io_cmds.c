@@ -619,7 +619,7 @@ static void read_help(void)
            " Example:\n"
            " 'read -v 512 1k' - reads 1 KiB at offset 512 and dumps it in hex\n"
            "\n"
-           " -b, -- read from the VM state (not supported by blkimg)\n"
+           " -b, -- read from the VM state rather than the virtual disk\n"
            " -C, -- print the statistics as comma-separated values\n"
            " -l, -- length of the range checked with -P\n"
            " -p, -- accepted and ignored, for compatibility\n"
@@ -726,11 +726,12 @@ static int read_f(int argc, char **argv)
     }
 
     /* No buffer for a request that cannot be served (up to 2 GiB). */
-    ret = bflag ? -ENOTSUP /* no VM state in blkimg images */
-                : check_range(offset, (uint64_t)count);
+    ret = bflag ? 0 : check_range(offset, (uint64_t)count);
     buf = ret == 0 ? io_alloc((size_t)count, 0xab) : NULL;
     now(&t1);
-    if (ret == 0) {
+    if (ret == 0 && bflag) {
+        ret = bi_vmstate_pread(g_node, (uint64_t)offset, buf, (size_t)count);
+    } else if (ret == 0) {
         ret = bi_pread(g_node, (uint64_t)offset, buf, (size_t)count);
     }
     if (ret == 0) {
@@ -896,7 +897,7 @@ static void write_help(void)
            " Example:\n"
            " 'write 512 1k' - writes 1 KiB at offset 512\n"
            "\n"
-           " -b, -- write to the VM state (not supported by blkimg)\n"
+           " -b, -- write to the VM state rather than the virtual disk\n"
            " -c, -- write compressed clusters (formats with compression)\n"
            " -f, -- force unit access: on stable storage when it returns\n"
            " -n, -- with -z, fail rather than write zeroes slowly\n"
@@ -1018,8 +1019,7 @@ static int write_f(int argc, char **argv)
         }
     }
     /* (beyond IO_MAX_BYTES only with -z -n, checked above) */
-    ret = bflag ? -ENOTSUP /* no VM state in blkimg images */
-                : check_range(offset, (uint64_t)count);
+    ret = bflag ? 0 : check_range(offset, (uint64_t)count);
     if (!zflag) {
         if (sflag) {
             buf = io_alloc_from_file((size_t)count, file_name);
@@ -1042,6 +1042,8 @@ static int write_f(int argc, char **argv)
     } else if (ret == 0 && cflag) {
         ret =
             bi_pwrite_compressed(g_node, (uint64_t)offset, buf, (size_t)count);
+    } else if (ret == 0 && bflag) {
+        ret = bi_vmstate_pwrite(g_node, (uint64_t)offset, buf, (size_t)count);
     } else if (ret == 0) {
         ret = bi_pwrite(g_node, (uint64_t)offset, buf, (size_t)count, flags);
     }
@@ -2020,9 +2022,10 @@ static int parse_bool(const char *v)
 /* Options the tool itself interprets (everything else without a "file."
  * prefix goes to the format driver). */
 static const char *const generic_opts[] = {
-    "driver",   "file",         "file.filename",  "file.driver", "file.locking",
-    "file.aio", "cache.direct", "cache.no-flush", "read-only",   "force-share",
-    "discard",  "node-name",    "file.node-name", "filename",    NULL,
+    "driver",         "file",        "file.filename", "file.driver",
+    "file.locking",   "file.aio",    "cache.direct",  "cache.no-flush",
+    "read-only",      "force-share", "discard",       "node-name",
+    "file.node-name", "filename",    "detect-zeroes", NULL,
 };
 
 /* A protocol driver other than file (nbd). */
@@ -2030,6 +2033,22 @@ static bool other_protocol(const char *name)
 {
     int caps = bi_format_caps(name);
     return caps >= 0 && (caps & BI_FORMAT_PROTOCOL) && strcmp(name, "file");
+}
+
+/* A protocol driver, file included (driver=file,filename=...). */
+static bool is_protocol_driver(const char *name)
+{
+    int caps = bi_format_caps(name);
+    return caps >= 0 && (caps & BI_FORMAT_PROTOCOL);
+}
+
+/* A file.driver that names a format standing as the image's file (raw
+ * with offset and size: a disk inside an OVA); its keys go to the
+ * library as the file's. */
+static bool file_format_driver(const char *name)
+{
+    int caps = bi_format_caps(name);
+    return caps >= 0 && (caps & BI_FORMAT_OPEN) && !(caps & BI_FORMAT_PROTOCOL);
 }
 
 static bool is_generic_opt(const char *key)
@@ -2069,8 +2088,14 @@ static int check_driver_opt(const char *prefix, const char *fmt, const char *kv)
     size_t kl = strcspn(kv, "=");
     char msg[1024];
 
-    if (kl >= 7 && !strncmp(kv, "backing", 7) &&
-        (kv[7] == '.' || kv[7] == '=')) {
+    if (kl == 7 && !strncmp(kv, "backing", 7)) {
+        /* a node name, and qemu-io has no other nodes */
+        io_error_report("%sCould not open backing file: Cannot find "
+                        "device='%s' nor node-name='%s'",
+                        prefix, kv + 8, kv + 8);
+        return -EINVAL;
+    }
+    if (kl >= 7 && !strncmp(kv, "backing", 7) && kv[7] == '.') {
         io_error_report("%sOption '%.*s' is not supported", prefix, (int)kl,
                         kv);
         return -EINVAL;
@@ -2182,6 +2207,8 @@ int io_openfile(const char *name, struct io_open_req *r)
     bool nocache = r->nocache, no_flush = r->no_flush;
     bool read_only = r->read_only, force_share = r->force_share;
     bool unmap = r->unmap, no_lock = false, aio_set = r->aio_set;
+    bool no_backing = false;
+    enum bi_detect_zeroes dz = BI_DETECT_ZEROES_OFF;
     enum bi_aio aio = r->aio;
     int nd = 0, np = 0, b, ret = 1;
     bi_node *n;
@@ -2235,11 +2262,11 @@ int io_openfile(const char *name, struct io_open_req *r)
                         v, v);
         return 1;
     }
-    if (!fname && driver && !strcmp(driver, "file")) {
-        fname = opt_get(l, "filename");
+    if (!fname && driver && is_protocol_driver(driver)) {
+        fname = opt_get(l, "filename"); /* file, host_device... */
     }
     v = opt_get(l, "file.driver");
-    if (v && other_protocol(v)) {
+    if (v && (other_protocol(v) || file_format_driver(v))) {
         proto = v;
     } else if (driver && other_protocol(driver)) {
         proto = driver;
@@ -2276,6 +2303,8 @@ int io_openfile(const char *name, struct io_open_req *r)
     popts = bi_xzalloc(sizeof(*popts) * (size_t)(l->n + 2));
     if (proto && proto != driver) {
         popts[np++] = bi_xasprintf("driver=%s", proto);
+    } else if (!proto && v && !strcmp(v, "file")) {
+        popts[np++] = bi_xstrdup("driver=file"); /* regular files only */
     }
     for (int i = 0; i < l->n; i++) {
         const char *key = l->v[i].key;
@@ -2289,9 +2318,17 @@ int io_openfile(const char *name, struct io_open_req *r)
                                        val ? val : "on");
             continue;
         }
+        if (!strcmp(key, "backing") && val && tool_backing_none(val)) {
+            no_backing = true;
+            continue;
+        }
+        if ((!strcmp(key, "locking") || !strcmp(key, "aio")) && driver &&
+            is_protocol_driver(driver)) {
+            continue; /* the protocol's, read below */
+        }
         if (is_generic_opt(key)) {
             if (!strcmp(key, "filename") &&
-                (!driver || strcmp(driver, "file") != 0)) {
+                (!driver || !is_protocol_driver(driver))) {
                 io_error_report("%sBlock format '%s' does not support the "
                                 "option 'filename'",
                                 prefix, driver ? driver : IO_DEFAULT_FORMAT);
@@ -2353,29 +2390,44 @@ int io_openfile(const char *name, struct io_open_req *r)
         force_share = b;
     }
     v = opt_get(l, "file.locking");
+    if (!v && driver && is_protocol_driver(driver)) {
+        v = opt_get(l, "locking");
+    }
     if (v) {
         if (!strcmp(v, "auto")) {
             no_lock = false;
         } else if ((b = parse_bool(v)) >= 0) {
             no_lock = !b;
         } else {
-            io_error_report("%sInvalid parameter value for 'locking': '%s'",
-                            prefix, v);
+            io_error_report("%sinvalid parameter value: %s", prefix, v);
             goto out;
         }
     }
     v = opt_get(l, "file.aio");
+    if (!v && driver && is_protocol_driver(driver)) {
+        v = opt_get(l, "aio");
+    }
     if (v) {
         if (io_parse_aio(v, &aio) < 0) {
-            io_error_report("%sInvalid parameter value for 'aio': '%s'", prefix,
-                            v);
+            io_error_report("%sinvalid parameter value: %s", prefix, v);
             goto out;
         }
         aio_set = true;
     }
     v = opt_get(l, "discard");
     if (v && io_parse_discard(v, &unmap) < 0) {
-        io_error_report("%sInvalid discard option: %s", prefix, v);
+        io_error_report("%sInvalid discard option", prefix);
+        goto out;
+    }
+    v = opt_get(l, "detect-zeroes");
+    if (v && bi_detect_zeroes_parse(v, &dz) < 0) {
+        io_error_report("%sinvalid parameter value: %s", prefix, v);
+        goto out;
+    }
+    if (dz == BI_DETECT_ZEROES_UNMAP && !unmap) {
+        io_error_report("%ssetting detect-zeroes to unmap is not allowed "
+                        "without setting discard operation to unmap",
+                        prefix);
         goto out;
     }
     if (aio_set && aio == BI_AIO_NATIVE && !nocache) {
@@ -2404,6 +2456,7 @@ int io_openfile(const char *name, struct io_open_req *r)
 
     bi_open_opts_init(&o);
     o.format = driver;
+    o.no_backing = no_backing;
     if (no_flush) {
         o.cache = nocache ? BI_CACHE_NONE : BI_CACHE_UNSAFE;
     } else if (nocache) {
@@ -2444,6 +2497,7 @@ int io_openfile(const char *name, struct io_open_req *r)
             goto out;
         }
     }
+    bi_node_set_detect_zeroes(n, dz);
     g_node = n;
     g_format_name = bi_node_format(n);
     g_cor = r->copy_on_read;

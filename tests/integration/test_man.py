@@ -128,7 +128,7 @@ def test_blkimg_page_documents_formats_exit_codes_and_pipelines(
     s = sections(blkimg_page(build_dir))
     # documented under PROTOCOLS
     protocols = {"file", "nbd", "rbd", "http", "https", "powerloss",
-                 "blkdebug"}
+                 "blkdebug", "host_device", "host_cdrom"}
     for fmt in set(tool_options.blkimg_formats(blkimg)):
         where = "PROTOCOLS" if fmt in protocols else "FORMATS"
         assert re.search(r"^ {7}%s$" % fmt, s[where], re.M), fmt

@@ -102,8 +102,8 @@ int main(void)
        "qcow2 l2-cache-size: a size");
     ok(bi_runtime_opt_find("qcow2", "bogus") == NULL, "unknown runtime key");
     d = bi_runtime_opt_find("raw", "offset");
-    ok(d && (d->flags & BI_OPT_REFUSED) && !d->help,
-       "raw offset: refused, generic words");
+    ok(d && d->type == BI_OPT_SIZE && !(d->flags & BI_OPT_REFUSED),
+       "raw offset: a size, taken");
 
     int formats = 0, protocols = 0; /* that open images */
     for (int i = 0; bi_driver_name(i); i++) {

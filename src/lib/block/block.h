@@ -279,10 +279,24 @@ struct bi_driver {
      * itself. NULL: never. */
     int (*co_copy_range)(bi_node *n, uint64_t off, bi_node *dst,
                          uint64_t dst_off, uint64_t len);
+    /* Formats that can stand as another format's file (QEMU's raw with
+     * offset and size: a disk inside an OVA, json:{"driver": "vmdk",
+     * "file": {"driver": "raw", "offset": N, ...}}): opens the node that
+     * takes the place of the file child from the protocol options naming
+     * this driver ("driver=NAME", its own keys, "file.*" for its own file;
+     * filename as bi_open_protocol has it). NULL with err set on failure.
+     * NULL entry: the format cannot. */
+    bi_node *(*open_as_file)(const char *filename, const struct bi_open_opts *o,
+                             bi_error *err);
     /* Filters for fault injection: an event happened in a node above
      * (bi_debug_event). Must not yield. NULL: passed further down. */
     void (*debug_event)(bi_node *n, enum bi_debug_event ev);
 };
+
+/* Write flag of the generic layer only (never reaches a driver): the
+ * buffer is zeroes a zero write falls back on; detect-zeroes must not turn
+ * it into a zero write again. */
+#define BI_REQ_NO_DETECT_ZEROES (1 << 8)
 
 /* Permission bits, numbered as QEMU 7.2 numbers them (its lock bytes are
  * 100 + bit held, 200 + bit not shared). */
@@ -336,6 +350,11 @@ struct bi_node {
     uint64_t size;
     bool read_only;
     bool format_probed; /* raw guessed by probing */
+    /* Protocols: the driver was named by the options (driver=file), not
+     * chosen by the file name (QEMU's file driver then takes regular
+     * files only). */
+    bool driver_named;
+    enum bi_detect_zeroes detect_zeroes; /* for writes made on the node */
     enum bi_cache cache;
     struct bi_open_opts opts; /* as opened (strings not owned) */
     struct bi_limits limits;
@@ -383,6 +402,14 @@ char *bi_json_name(const bi_value *v);
  * data files and by the generic open). */
 bi_node *bi_open_protocol(const char *filename, const struct bi_open_opts *o,
                           bi_error *err);
+/* Opens a node of drv, a filter (is_protocol, passing its requests on to
+ * its file child), over child, which it takes: child is closed with the
+ * node; when the open fails, child stays the caller's. o->protocol_opts are
+ * drv's own options; the node is writable when child is. Sets its limits. NULL
+ * with err set on failure. */
+bi_node *bi_open_filter_over(const struct bi_driver *drv, bi_node *child,
+                             const char *filename, const struct bi_open_opts *o,
+                             bi_error *err);
 /* Opens a node with an explicit format over filename (backing files). */
 bi_node *bi_open_node(const char *filename, const char *format,
                       const struct bi_open_opts *o, bi_error *err);

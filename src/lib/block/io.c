@@ -416,6 +416,15 @@ int bi_co_preadv(bi_node *n, uint64_t off, uint64_t len,
     return fmt_read(n, off, len, iov, iovcnt);
 }
 
+/* Whether every byte of iov (iovcnt entries) is zero. */
+static bool iov_is_zero(const struct iovec *iov, int iovcnt)
+{
+    for (int i = 0; i < iovcnt; i++)
+        if (!bi_buf_is_zero(iov[i].iov_base, iov[i].iov_len))
+            return false;
+    return true;
+}
+
 int bi_co_pwritev(bi_node *n, uint64_t off, uint64_t len,
                   const struct iovec *iov, int iovcnt, int flags)
 {
@@ -423,6 +432,17 @@ int bi_co_pwritev(bi_node *n, uint64_t off, uint64_t len,
         return -EPERM;
     if (len == 0)
         return 0;
+    /* detect-zeroes, as QEMU's bdrv_aligned_pwritev (FUA kept); not for
+     * the zero buffers a zero write falls back on */
+    bool detect = !(flags & BI_REQ_NO_DETECT_ZEROES);
+    flags &= ~BI_REQ_NO_DETECT_ZEROES;
+    if (detect && n->detect_zeroes != BI_DETECT_ZEROES_OFF &&
+        iov_is_zero(iov, iovcnt))
+        return bi_co_pwrite_zeroes(
+            n, off, len,
+            (flags & BI_REQ_FUA) |
+                (n->detect_zeroes == BI_DETECT_ZEROES_UNMAP ? BI_REQ_MAY_UNMAP
+                                                            : 0));
     int ret = 0;
     if (!n->drv->is_protocol)
         ret = check_request(n, off, len);
@@ -471,7 +491,8 @@ static int write_zero_buffers(bi_node *n, uint64_t off, uint64_t len, int flags)
     for (uint64_t done = 0; done < len && ret == 0;) {
         uint64_t l = BI_MIN(bufsz, len - done);
         ret = bi_co_pwrite(n, off + done, buf, l,
-                           flags & ~(BI_REQ_MAY_UNMAP | BI_REQ_NO_FALLBACK));
+                           (flags & ~(BI_REQ_MAY_UNMAP | BI_REQ_NO_FALLBACK)) |
+                               BI_REQ_NO_DETECT_ZEROES);
         done += l;
     }
     bi_free_aligned(buf);
@@ -633,6 +654,31 @@ int bi_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
     return ret;
 }
 
+/* The VM state area (QEMU's bdrv_save_vmstate / bdrv_load_vmstate): the
+ * bytes a format keeps past the guest disk, at the offset its geometry
+ * names (qcow2: after the last L1 entry the disk needs), read and written
+ * through the format's own map like guest data but beyond its size.
+ * -ENOTSUP for a node without VM state. */
+static int co_vmstate_rw(bi_node *n, uint64_t pos, uint64_t len,
+                         const struct iovec *iov, int iovcnt, bool write)
+{
+    struct bi_geometry g;
+    bi_node_geometry(n, &g);
+    if (n->drv->is_protocol || !g.vm_state_offset)
+        return -ENOTSUP;
+    if (pos > INT64_MAX - g.vm_state_offset ||
+        len > INT64_MAX - g.vm_state_offset - pos)
+        return -EIO; /* as QEMU's request checks */
+    if (len == 0)
+        return 0;
+    if (!write)
+        return fmt_read(n, g.vm_state_offset + pos, len, iov, iovcnt);
+    if (n->read_only)
+        return -EPERM;
+    n->write_gen++;
+    return fmt_write(n, g.vm_state_offset + pos, len, iov, iovcnt, 0);
+}
+
 /* ------------------------------------------------- synchronous public API */
 
 struct sync_rw {
@@ -644,7 +690,15 @@ struct sync_rw {
     int op;
 };
 
-enum { OP_READ, OP_WRITE, OP_ZERO, OP_DISCARD, OP_FLUSH };
+enum {
+    OP_READ,
+    OP_WRITE,
+    OP_ZERO,
+    OP_DISCARD,
+    OP_FLUSH,
+    OP_VMS_READ,
+    OP_VMS_WRITE
+};
 
 static int sync_rw_fn(void *opaque)
 {
@@ -658,6 +712,10 @@ static int sync_rw_fn(void *opaque)
         return bi_co_pwrite_zeroes(r->n, r->off, r->len, r->flags);
     case OP_DISCARD:
         return bi_co_pdiscard(r->n, r->off, r->len);
+    case OP_VMS_READ:
+    case OP_VMS_WRITE:
+        return co_vmstate_rw(r->n, r->off, r->len, r->iov, r->iovcnt,
+                             r->op == OP_VMS_WRITE);
     default:
         return bi_co_flush(r->n);
     }
@@ -675,6 +733,20 @@ int bi_pwritev(bi_node *n, uint64_t off, const struct iovec *iov, int iovcnt,
 {
     struct sync_rw r = {n,     off,     bi_iov_size(iov, iovcnt), iov, iovcnt,
                         flags, OP_WRITE};
+    return bi_run_co(sync_rw_fn, &r);
+}
+
+int bi_vmstate_pread(bi_node *n, uint64_t pos, void *buf, size_t len)
+{
+    struct iovec v = {buf, len};
+    struct sync_rw r = {n, pos, len, &v, 1, 0, OP_VMS_READ};
+    return bi_run_co(sync_rw_fn, &r);
+}
+
+int bi_vmstate_pwrite(bi_node *n, uint64_t pos, const void *buf, size_t len)
+{
+    struct iovec v = {(void *)buf, len};
+    struct sync_rw r = {n, pos, len, &v, 1, 0, OP_VMS_WRITE};
     return bi_run_co(sync_rw_fn, &r);
 }
 

@@ -5,6 +5,7 @@
 #include "io/aio.h"
 #include "util/util.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <libgen.h>
 #include <limits.h>
@@ -132,6 +133,15 @@ static const struct bi_driver *choose_protocol(const char *filename,
     return drv;
 }
 
+/* Whether "driver=NAME" is among the protocol options. */
+static bool protocol_named(const struct bi_open_opts *o)
+{
+    for (const char *const *p = o->protocol_opts; p && *p; p++)
+        if (!strncmp(*p, "driver=", 7))
+            return true;
+    return false;
+}
+
 /* The options a protocol driver opens with: protocol_opts, then what its
  * file name says (for a name with its prefix; the driver refuses keys the
  * name contradicts). The strings of *out are owned by *l. */
@@ -166,9 +176,54 @@ static void free_strv(char **v)
     free(v);
 }
 
+/* The format driver the protocol options name (one standing as another
+ * format's file: bi_driver.open_as_file), else NULL. */
+static const struct bi_driver *file_format(const struct bi_open_opts *o)
+{
+    const char *name = NULL;
+
+    for (const char *const *p = o->protocol_opts; p && *p; p++)
+        if (!strncmp(*p, "driver=", 7))
+            name = *p + 7;
+    const struct bi_driver *drv = name ? bi_driver_find(name) : NULL;
+    return drv && !drv->is_protocol ? drv : NULL;
+}
+
+bi_node *bi_open_filter_over(const struct bi_driver *drv, bi_node *child,
+                             const char *filename, const struct bi_open_opts *o,
+                             bi_error *err)
+{
+    assert(drv->is_protocol && child);
+    struct bi_open_opts fo = *o;
+    fo.read_write = !child->read_only;
+    bi_node *n = node_alloc(drv, filename, &fo);
+    n->opts.protocol_opts = NULL; /* not kept past open */
+    n->file = child;
+    child->parent = n;
+    int ret = drv->open(n, &fo, err);
+    if (ret < 0) {
+        n->file = NULL;
+        child->parent = NULL;
+        bi_node_free(n);
+        return NULL;
+    }
+    default_limits(n);
+    return n;
+}
+
 bi_node *bi_open_protocol(const char *filename, const struct bi_open_opts *o,
                           bi_error *err)
 {
+    const struct bi_driver *fmt = file_format(o);
+    if (fmt && !fmt->open_as_file) {
+        bi_error_set(err, 0,
+                     "The '%s' format cannot be another format's file in "
+                     "blkimg",
+                     fmt->name);
+        return NULL;
+    }
+    if (fmt)
+        return fmt->open_as_file(filename, o, err);
     const struct bi_driver *drv = choose_protocol(filename, o, err);
     if (!drv)
         return NULL;
@@ -186,6 +241,7 @@ bi_node *bi_open_protocol(const char *filename, const struct bi_open_opts *o,
     if (ret == 0) {
         n = node_alloc(drv, filename ? filename : drv->name, &po);
         n->opts.protocol_opts = NULL; /* not kept past open */
+        n->driver_named = protocol_named(o);
         ret = n->drv->open(n, &po, err);
         if (ret < 0) {
             bi_node_free(n);
@@ -623,6 +679,23 @@ int64_t bi_allocated_file_size(bi_node *n)
     if (n->drv->get_allocated_file_size)
         return n->drv->get_allocated_file_size(n);
     return n->file ? bi_allocated_file_size(n->file) : -ENOTSUP;
+}
+
+int bi_detect_zeroes_parse(const char *s, enum bi_detect_zeroes *out)
+{
+    static const char *const names[] = {"off", "on", "unmap"};
+    for (int i = 0; i < 3; i++) {
+        if (!strcmp(s, names[i])) {
+            *out = (enum bi_detect_zeroes)i;
+            return 0;
+        }
+    }
+    return -EINVAL;
+}
+
+void bi_node_set_detect_zeroes(bi_node *n, enum bi_detect_zeroes dz)
+{
+    n->detect_zeroes = dz;
 }
 
 const struct bi_limits *bi_node_limits(const bi_node *n)

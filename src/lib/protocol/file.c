@@ -14,6 +14,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <linux/cdrom.h>
 #include <linux/falloc.h>
 #include <linux/fs.h>
 #include <stdio.h>
@@ -38,6 +39,7 @@ struct file_state {
     struct bi_file_lock lock;
     int flush_error;    /* sticky: a failed fdatasync loses the page cache */
     bool no_zero_range; /* FALLOC_FL_ZERO_RANGE refused once */
+    bool no_medium;     /* host_cdrom on a drive without a disc */
     bool no_punch;      /* FALLOC_FL_PUNCH_HOLE refused once */
 };
 
@@ -250,7 +252,20 @@ static int file_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
         bi_error_set(err, ret, "Could not stat '%s'", n->filename);
         goto fail;
     }
-    if (!S_ISREG(st.st_mode) && !S_ISBLK(st.st_mode) && !S_ISCHR(st.st_mode)) {
+    if (n->drv != &bi_drv_file && !S_ISBLK(st.st_mode) &&
+        !S_ISCHR(st.st_mode)) {
+        /* host_device, host_cdrom: devices only, in QEMU's words */
+        ret = -EINVAL;
+        bi_error_set(err, 0,
+                     "'%s' driver requires '%s' to be either a character "
+                     "or block device",
+                     n->drv->name, n->filename);
+        goto fail;
+    }
+    /* named (driver=file), file takes regular files only, as QEMU's */
+    if (!S_ISREG(st.st_mode) &&
+        ((n->driver_named && n->drv == &bi_drv_file) ||
+         (!S_ISBLK(st.st_mode) && !S_ISCHR(st.st_mode)))) {
         ret = -EINVAL;
         bi_error_set(err, 0, "'file' driver requires '%s' to be a regular file",
                      n->filename);
@@ -259,6 +274,11 @@ static int file_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
     /* Character devices (e.g. /dev/null) are served like block devices,
      * as QEMU's host_device does. */
     s->is_blk = S_ISBLK(st.st_mode) || S_ISCHR(st.st_mode);
+    /* QEMU's host_cdrom: a device that does not say it holds a disc (any
+     * device but a CD drive) opens, and its reads and writes fail */
+    s->no_medium =
+        n->drv == &bi_drv_host_cdrom &&
+        ioctl(s->fd, CDROM_DRIVE_STATUS, CDSL_CURRENT) != CDS_DISC_OK;
 
     if (s->is_blk && o->read_write) {
         int ro = 0;
@@ -390,6 +410,9 @@ static int file_transfer(bi_node *n, bool write, uint64_t off, uint64_t len,
     struct file_state *s = n->opaque;
     uint32_t align =
         n->limits.request_alignment ? n->limits.request_alignment : 1;
+    if (s->no_medium) {
+        return -ENOMEDIUM; /* as QEMU's host_cdrom */
+    }
     const struct iovec *cur = iov;
     int curcnt = iovcnt;
     struct iovec *sub = NULL;
@@ -1155,26 +1178,36 @@ static int file_create_prepare(const char *filename, const char *const *opts,
     return 0;
 }
 
+/* The table entries file shares with host_device and host_cdrom. */
+#define FILE_OPS                                                               \
+    .is_protocol = true, .state_size = sizeof(struct file_state),              \
+    .open = file_open, .close = file_close,                                    \
+    .refresh_limits = file_refresh_limits, .co_preadv = file_co_preadv,        \
+    .co_pwritev = file_co_pwritev, .co_pwrite_zeroes = file_co_pwrite_zeroes,  \
+    .co_pdiscard = file_co_pdiscard, .co_flush = file_co_flush,                \
+    .co_truncate = file_co_truncate, .co_block_status = file_co_block_status,  \
+    .get_allocated_file_size = file_get_allocated_file_size,                   \
+    .storage_info = file_storage_info, .set_perm = file_set_perm,              \
+    .get_info = file_get_info, .co_copy_range = file_co_copy_range
+
 const struct bi_driver bi_drv_file = {
     .name = "file",
-    .is_protocol = true,
-    .state_size = sizeof(struct file_state),
-    .open = file_open,
-    .close = file_close,
     .create = file_create,
     .create_opts = file_create_opts,
     .create_prepare = file_create_prepare,
-    .refresh_limits = file_refresh_limits,
-    .co_preadv = file_co_preadv,
-    .co_pwritev = file_co_pwritev,
-    .co_pwrite_zeroes = file_co_pwrite_zeroes,
-    .co_pdiscard = file_co_pdiscard,
-    .co_flush = file_co_flush,
-    .co_truncate = file_co_truncate,
-    .co_block_status = file_co_block_status,
-    .get_allocated_file_size = file_get_allocated_file_size,
-    .storage_info = file_storage_info,
-    .set_perm = file_set_perm,
-    .get_info = file_get_info,
-    .co_copy_range = file_co_copy_range,
+    FILE_OPS,
+};
+
+/* QEMU's host_device and host_cdrom: the file driver on a block or
+ * character device (anything else is refused at open). Named only by
+ * options (driver=host_device, file.driver=host_device, -f host_device);
+ * no image creation. */
+const struct bi_driver bi_drv_host_device = {
+    .name = "host_device",
+    FILE_OPS,
+};
+
+const struct bi_driver bi_drv_host_cdrom = {
+    .name = "host_cdrom",
+    FILE_OPS,
 };

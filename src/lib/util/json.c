@@ -275,7 +275,7 @@ static int jitems(struct jparse *j, bi_value *o)
     return 0;
 }
 
-/* A string, true, false or an integer at j->p; NULL if none is. */
+/* A string, true, false, null or an integer at j->p; NULL if none is. */
 static bi_value *jscalar(struct jparse *j)
 {
     if (*j->p == '"') {
@@ -283,6 +283,10 @@ static bi_value *jscalar(struct jparse *j)
         bi_value *o = s ? bi_value_string(s) : NULL;
         free(s);
         return o;
+    }
+    if (!strncmp(j->p, "null", 4)) {
+        j->p += 4;
+        return bi_value_null();
     }
     if (!strncmp(j->p, "true", 4) || !strncmp(j->p, "false", 5)) {
         bool t = *j->p == 't';

@@ -43,6 +43,11 @@ bi_value *bi_value_array(void)
     return value_new(BI_VALUE_ARRAY);
 }
 
+bi_value *bi_value_null(void)
+{
+    return value_new(BI_VALUE_NULL);
+}
+
 bi_value *bi_value_int(int64_t x)
 {
     bi_value *v = value_new(BI_VALUE_INT);
@@ -257,6 +262,9 @@ static void print_scalar(FILE *out, const bi_value *v, bool json)
         break;
     case BI_VALUE_BOOL:
         fputs(v->i ? "true" : "false", out);
+        break;
+    case BI_VALUE_NULL:
+        fputs("null", out);
         break;
     case BI_VALUE_STRING:
         if (json) {

@@ -88,11 +88,16 @@ int qc_get_l2_table(bi_node *n, uint64_t off, bool alloc, void **table,
     uint64_t l1_idx = off >> (s->l2_bits + s->cluster_bits);
     *table = NULL;
     *idx = (off >> s->cluster_bits) & (s->l2_entries - 1);
-    if (l1_idx >= s->l1_size)
-        return -EIO;
+    int ret;
+    if (l1_idx >= s->l1_size) {
+        /* the VM state past the disk: the L1 table grows, as QEMU's
+         * get_cluster_table grows it */
+        ret = qc_grow_l1(n, l1_idx + 1);
+        if (ret < 0)
+            return ret;
+    }
     uint64_t l1e = s->l1_table[l1_idx];
     uint64_t old = l1e & L1E_OFFSET_MASK;
-    int ret;
     if (old && (l1e & QCOW_OFLAG_COPIED)) {
         ret = validate_l2_offset(n, l1_idx, old);
         if (ret < 0)
@@ -1110,6 +1115,65 @@ static int zero_units_locked(bi_node *n, uint64_t off, uint64_t len, bool unmap,
     return 0;
 }
 
+/* Whether guest [off, off+len) (inside one cluster) is unallocated, so
+ * that it reads as zeroes in an image without a backing file. */
+static int v2_unallocated(bi_node *n, uint64_t off, uint64_t len, bool *yes)
+{
+    struct bi_extent ext;
+    memset(&ext, 0, sizeof(ext));
+    int ret = qcow2_co_map(n, off, len, BI_MAP_READ, &ext);
+    if (ret < 0)
+        return ret;
+    *yes = ext.kind == BI_EXT_UNALLOC && ext.len >= len;
+    return 0;
+}
+
+/* A partial cluster of a zero write to a v2 image without a backing file
+ * (QEMU's qcow2_co_pwrite_zeroes): an unallocated cluster already reads
+ * as zeroes and stays unallocated; any other gets zeroes written. */
+static int v2_zero_partial(bi_node *n, uint64_t off, uint64_t len, int flags)
+{
+    bool unalloc = false;
+    int ret = len ? v2_unallocated(n, off, len, &unalloc) : 0;
+    if (ret < 0 || !len || unalloc)
+        return ret;
+    if (flags & BI_REQ_NO_FALLBACK)
+        return -ENOTSUP;
+    return write_zero_buf(n, off, len);
+}
+
+/* Zero writes to a v2 (compat=0.10) image without a backing file, as QEMU
+ * 7.2 does them: v2 has no zero flag, so whole clusters are discarded
+ * (unallocated clusters read as zeroes) and partial ones are handled by
+ * v2_zero_partial. [a, b) are the whole clusters of [off, off+len). */
+static int v2_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, uint64_t a,
+                            uint64_t b, int flags)
+{
+    qcow2_state *s = n->opaque;
+    if (a >= b) /* inside one cluster, or across two partial ones */
+        a = b = bi_align_up(off, s->cluster_size);
+    if (a > off + len)
+        a = b = off + len;
+    int ret = v2_zero_partial(n, off, a - off, flags);
+    if (ret == 0 && b < off + len)
+        ret = v2_zero_partial(n, b, off + len - b, flags);
+    if (ret < 0 || a >= b)
+        return ret;
+    bi_co_mutex_lock(&s->lock);
+    ret = qc_before_write(n);
+    if (ret == 0)
+        ret = qc_bitmaps_mark(n, off, len);
+    if (ret == 0)
+        ret = zero_units_locked(n, a, b - a, true, true);
+    if (ret == 0 &&
+        (n->cache == BI_CACHE_WRITETHROUGH || n->cache == BI_CACHE_DIRECTSYNC))
+        ret = qc_flush_metadata(n);
+    bi_co_mutex_unlock(&s->lock);
+    if (ret == -ENOTSUP) /* not expected for v2: zeroes, then */
+        ret = write_zero_buf(n, a, BI_MIN(b, n->size) - a);
+    return ret;
+}
+
 int qcow2_co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags)
 {
     qcow2_state *s = n->opaque;
@@ -1128,6 +1192,8 @@ int qcow2_co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags)
     if (off + len == n->size)
         b = bi_align_up(off + len, unit);
     int ret = 0;
+    if (s->version < 3 && !n->backing)
+        return v2_pwrite_zeroes(n, off, len, a, b, flags);
     if (s->version < 3 || a >= b) {
         if (flags & BI_REQ_NO_FALLBACK)
             return -ENOTSUP;
