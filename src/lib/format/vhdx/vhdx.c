@@ -144,11 +144,13 @@ uint64_t vhdx_calc_bat_entries(uint64_t vsize, uint32_t block_size,
     return data ? data + (data - 1) / chunk_ratio : 0;
 }
 
-/* Sets err to the errno text alone (QEMU's "Could not open 'x': Invalid
- * argument" for a failure without words of its own); returns code. */
-static int fail(bi_error *err, int code)
+/* Sets err to QEMU's words for a failure without words of its own
+ * ("Could not open 'x': Invalid argument": the generic layer adds the
+ * same prefix again, as qemu-img prints it); returns code. */
+static int fail_named(bi_node *n, bi_error *err, int code)
 {
-    bi_error_set(err, 0, "%s", strerror(-code));
+    bi_error_set(err, 0, "Could not open '%s': %s",
+                 n->filename ? n->filename : "", strerror(-code));
     if (err)
         err->code = code;
     return code;
@@ -176,10 +178,12 @@ static int read_headers(bi_node *n, vhdx_state *s, bi_error *err)
     for (int i = 0; i < 2; i++) {
         s->hdr[i] = bi_blockalign(n->file, VHDX_HEADER_SIZE);
         if (!s->hdr[i])
-            return fail(err, -ENOMEM);
+            return fail_named(n, err, -ENOMEM);
         int ret = bi_co_pread(n->file, at[i], s->hdr[i], VHDX_HEADER_SIZE);
         if (ret < 0) {
-            bi_error_set(err, ret, "No valid VHDX header found");
+            bi_error_set(err, 0, "No valid VHDX header found");
+            if (err)
+                err->code = ret;
             return ret;
         }
         valid[i] = header_valid(s->hdr[i]);
@@ -190,7 +194,7 @@ static int read_headers(bi_node *n, vhdx_state *s, bi_error *err)
         memcmp(s->hdr[0], s->hdr[1], VHDX_HEADER_SIZE))
         valid[0] = valid[1] = false;
     if (!valid[0] && !valid[1]) {
-        bi_error_set(err, -EINVAL, "No valid VHDX header found");
+        bi_error_set(err, 0, "No valid VHDX header found");
         return -EINVAL;
     }
     s->cur = !valid[1] ? 0 : !valid[0] ? 1 : q1 > q0 ? 1 : 0;
@@ -255,7 +259,7 @@ static int read_region_table(bi_node *n, vhdx_state *s, bi_error *err)
 {
     uint8_t *rt = bi_blockalign(n->file, VHDX_RT_SIZE);
     if (!rt)
-        return fail(err, -ENOMEM);
+        return fail_named(n, err, -ENOMEM);
     int ret = bi_co_pread(n->file, VHDX_RT1_OFFSET, rt, VHDX_RT_SIZE);
     uint32_t count = bi_ld_le32(rt + 8);
     if (ret == 0 && (bi_ld_le32(rt + 4) != vhdx_checksum(rt, VHDX_RT_SIZE, 4) ||
@@ -268,7 +272,7 @@ static int read_region_table(bi_node *n, vhdx_state *s, bi_error *err)
     if (ret == 0 && seen != 3)
         ret = -EINVAL;
     bi_free_aligned(rt);
-    return ret < 0 ? fail(err, ret) : 0;
+    return ret < 0 ? fail_named(n, err, ret) : 0;
 }
 
 /* ------------------------------------------------------------ metadata */
@@ -310,7 +314,7 @@ static int md_item(const vhdx_state *s, const uint8_t *table, const uint8_t *p,
 
 /* Reads the items: block size and flags, size, sector sizes, with QEMU's
  * range checks. A differencing image is refused (-ENOTSUP). */
-static int parse_items(vhdx_state *s, const uint8_t *table,
+static int parse_items(bi_node *n, vhdx_state *s, const uint8_t *table,
                        const uint8_t *ent[6], bi_error *err)
 {
     uint8_t fp[8], vs[8], ls[4], ps[4];
@@ -322,13 +326,13 @@ static int parse_items(vhdx_state *s, const uint8_t *table,
     if (!ret)
         ret = md_item(s, table, ent[4], ps, 4);
     if (ret)
-        return fail(err, ret);
+        return fail_named(n, err, ret);
     s->block_size = bi_ld_le32(fp);
     uint32_t bits = bi_ld_le32(fp + 4);
     s->fixed = bits & 1;
     if (bits & 2) {
         if (!ent[5])
-            return fail(err, -EINVAL);
+            return fail_named(n, err, -EINVAL);
         bi_error_set(err, 0,
                      "differencing VHDX images (parent locator) are "
                      "not supported");
@@ -342,7 +346,7 @@ static int parse_items(vhdx_state *s, const uint8_t *table,
         (s->block_size & (s->block_size - 1)) ||
         (s->lss != 512 && s->lss != 4096) || s->vsize > VHDX_MAX_SIZE ||
         s->vsize % s->lss)
-        return fail(err, -EINVAL);
+        return fail_named(n, err, -EINVAL);
     s->chunk_ratio = (1ull << 23) * s->lss / s->block_size;
     return 0;
 }
@@ -355,7 +359,7 @@ static int read_metadata(bi_node *n, vhdx_state *s, bi_error *err)
     uint64_t len = BI_MIN((uint64_t)s->meta_length, 2 * VHDX_META_TABLE_SIZE);
     uint8_t *t = bi_blockalign(n->file, 2 * VHDX_META_TABLE_SIZE);
     if (!t)
-        return fail(err, -ENOMEM);
+        return fail_named(n, err, -ENOMEM);
     memset(t, 0, 2 * VHDX_META_TABLE_SIZE);
     int ret = bi_co_pread(n->file, s->meta_offset, t, len);
     uint16_t count = vhdx_ld16(t + 10);
@@ -379,9 +383,9 @@ static int read_metadata(bi_node *n, vhdx_state *s, bi_error *err)
     if (ret == 0 && (seen & MD_ALL) != MD_ALL)
         ret = -ENOTSUP;
     if (ret < 0)
-        ret = fail(err, ret);
+        ret = fail_named(n, err, ret);
     else
-        ret = parse_items(s, t, ent, err);
+        ret = parse_items(n, s, t, ent, err);
     bi_free_aligned(t);
     return ret;
 }
@@ -395,24 +399,24 @@ static int read_bat(bi_node *n, vhdx_state *s, bi_error *err)
     s->bat_entries =
         vhdx_calc_bat_entries(s->vsize, s->block_size, s->chunk_ratio);
     if (s->bat_entries > s->bat_length / 8)
-        return fail(err, -EINVAL);
+        return fail_named(n, err, -EINVAL);
     s->bat_bytes = bi_align_up(s->bat_entries * 8, VHDX_LOG_SECTOR);
     s->bat = bi_blockalign(n->file, s->bat_bytes ? s->bat_bytes : 1);
     if (!s->bat)
-        return fail(err, -ENOMEM);
+        return fail_named(n, err, -ENOMEM);
     memset(s->bat, 0, s->bat_bytes);
     int ret = s->bat_entries ? bi_co_pread(n->file, s->bat_offset, s->bat,
                                            s->bat_entries * 8)
                              : 0;
     if (ret < 0)
-        return fail(err, ret);
+        return fail_named(n, err, ret);
     for (uint64_t i = 0; i < s->bat_entries; i++) {
         if ((i + 1) % (s->chunk_ratio + 1) == 0)
             continue; /* a sector bitmap entry */
         uint64_t e = vhdx_bat_get(s, i);
         if ((e & VHDX_BAT_STATE_MASK) == VHDX_BAT_FULLY_PRESENT &&
             meets_metadata(s, e & VHDX_BAT_OFFSET_MASK, s->block_size))
-            return fail(err, -EINVAL);
+            return fail_named(n, err, -EINVAL);
     }
     return 0;
 }
@@ -426,13 +430,13 @@ static int check_log_fields(bi_node *n, vhdx_state *s, bi_error *err)
     const uint8_t *h = s->hdr[s->cur];
     if (s->log_offset < VHDX_MIB || s->log_offset % VHDX_MIB ||
         vhdx_ld16(h + VHH_LOG_VERSION) != 0)
-        return fail(err, -EINVAL);
+        return fail_named(n, err, -EINVAL);
     uint64_t flen = (uint64_t)bi_getlength(n->file);
     if (s->log_length % VHDX_MIB || s->log_length > VHDX_LOG_MAX ||
         s->log_offset > flen || s->log_length > flen - s->log_offset) {
         if (vhdx_guid_is_zero(h + VHH_LOG_GUID) || !s->log_length)
             return 0; /* an empty log is never read */
-        return fail(err, -EINVAL);
+        return fail_named(n, err, -EINVAL);
     }
     return 0;
 }
@@ -448,12 +452,12 @@ static int vhdx_do_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
     vhdx_guid_generate(&s->session_guid);
     uint8_t *id = bi_blockalign(n->file, 512);
     if (!id)
-        return fail(err, -ENOMEM);
+        return fail_named(n, err, -ENOMEM);
     int ret = bi_co_pread(n->file, 0, id, 512);
     bool ok = ret == 0 && !memcmp(id, "vhdxfile", 8);
     bi_free_aligned(id);
     if (!ok)
-        return fail(err, ret < 0 ? ret : -EINVAL);
+        return fail_named(n, err, ret < 0 ? ret : -EINVAL);
     ret = read_headers(n, s, err);
     if (!ret)
         ret = check_log_fields(n, s, err);
@@ -474,7 +478,7 @@ static int vhdx_do_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
         ret = vhdx_co_update_headers(n, false, NULL);
         bi_co_mutex_unlock(&s->lock);
         if (ret < 0)
-            return fail(err, ret);
+            return fail_named(n, err, ret);
     }
     return 0;
 }

@@ -108,9 +108,8 @@ static int parse_opts(const struct bi_create_opts *o,
                         : c->size > 100 * 1024 * VHDX_MIB     ? 32 * VHDX_MIB
                         : c->size > 1024 * VHDX_MIB           ? 16 * VHDX_MIB
                                                               : 8 * VHDX_MIB;
-    if (c->log_size > UINT32_MAX || c->block_size > UINT32_MAX) {
-        bi_error_set(err, 0, "%s size must be smaller than 4 GB",
-                     c->log_size > UINT32_MAX ? "Log" : "Block");
+    if (c->log_size > UINT32_MAX) {
+        bi_error_set(err, 0, "Log size must be smaller than 4 GB");
         return -EINVAL;
     }
     c->log_size = bi_align_up(c->log_size, VHDX_MIB);

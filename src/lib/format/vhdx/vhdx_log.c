@@ -247,10 +247,14 @@ int vhdx_co_replay_log(bi_node *n, bool *replayed, bi_error *err)
     if (ret == 0)
         search(&l, &first, &count);
     if (ret == 0 && count && n->read_only) {
-        bi_error_set(err, EPERM,
+        /* QEMU's message and the hint qemu-img prints after it */
+        bi_error_set(err, 0,
                      "VHDX image file '%s' opened read-only, but contains a "
-                     "log that needs to be replayed",
-                     n->file->filename);
+                     "log that needs to be replayed\nTo replay the log, "
+                     "run:\nqemu-img check -r all '%s'",
+                     n->file->filename, n->file->filename);
+        if (err)
+            err->code = -EPERM;
         ret = -EPERM;
     } else if (ret == 0 && count) {
         ret = replay(n, &l, first, count);
@@ -258,7 +262,8 @@ int vhdx_co_replay_log(bi_node *n, bool *replayed, bi_error *err)
     }
     bi_free_aligned(buf);
     if (ret < 0 && err && !err->msg[0]) {
-        bi_error_set(err, 0, "%s", strerror(-ret));
+        bi_error_set(err, 0, "Could not open '%s': %s",
+                     n->filename ? n->filename : "", strerror(-ret));
         err->code = ret;
     }
     return ret;
