@@ -18,6 +18,7 @@ PACKAGES=(
     libcurl4-gnutls-dev librbd-dev librados-dev
     # tests
     python3 python3-pytest python3-pytest-timeout python3-pytest-xdist
+    python3-crcmod
     qemu-utils fio xfsprogs e2fsprogs util-linux mount
     nbdkit libnbd-bin gnutls-bin
     # http(s) tests: a real web server, openssl for its certificate;

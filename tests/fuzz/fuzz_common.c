@@ -88,7 +88,7 @@ const char *fuzz_put_image(const char *name, const uint8_t *data, size_t size)
  * write any file the fuzzer guesses the name of. */
 static bool writable(const struct bi_driver *drv)
 {
-    static const char *const names[] = {"raw", "qcow2", "vdi", "vpc"};
+    static const char *const names[] = {"raw", "qcow2", "vdi", "vpc", "vhdx"};
 
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         if (!strcmp(drv->name, names[i]))

@@ -51,15 +51,6 @@ static int qed_probe(const uint8_t *buf, size_t len, const char *filename)
     return len >= 64 && bi_ld_le32(buf) == 0x00444551 ? SCORE_SURE : 0;
 }
 
-/* ----------------------------------------------------------------- vhdx */
-
-/* The file identifier "vhdxfile" at offset 0. */
-static int vhdx_probe(const uint8_t *buf, size_t len, const char *filename)
-{
-    (void)filename;
-    return starts_with(buf, len, "vhdxfile", 8) ? SCORE_SURE : 0;
-}
-
 /* ----------------------------------------------------------------- luks */
 
 /* "LUKS\xba\xbe" and version 1 (big-endian 16 bits at offset 6); LUKS2
@@ -147,7 +138,6 @@ static int cloop_probe(const uint8_t *buf, size_t len, const char *filename)
 
 const struct bi_driver bi_drv_qcow = {.name = "qcow", .probe = qcow_probe};
 const struct bi_driver bi_drv_qed = {.name = "qed", .probe = qed_probe};
-const struct bi_driver bi_drv_vhdx = {.name = "vhdx", .probe = vhdx_probe};
 const struct bi_driver bi_drv_luks = {.name = "luks", .probe = luks_probe};
 const struct bi_driver bi_drv_parallels = {.name = "parallels",
                                            .probe = parallels_probe};

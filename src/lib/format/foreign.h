@@ -16,6 +16,5 @@ extern const struct bi_driver bi_drv_luks;
 extern const struct bi_driver bi_drv_parallels;
 extern const struct bi_driver bi_drv_qcow;
 extern const struct bi_driver bi_drv_qed;
-extern const struct bi_driver bi_drv_vhdx;
 
 #endif
