@@ -394,6 +394,21 @@ long qc_compress(int type, const void *src, size_t slen, void *dst,
 int qc_read_compressed_cluster(bi_node *n, uint64_t entry, void *buf);
 
 /* ---- snapshots (qcow2_snapshot.c) ---- */
+/* How qc_read_snapshot_table treats a broken snapshot table (QEMU's
+ * qcow2_do_read_snapshots). */
+struct qc_snap_read {
+    bool repair;            /* check -r all: drop what QEMU drops */
+    bool strict;            /* plain open: refuse a table past the end of
+                             * the file or an L1 table too large */
+    uint32_t extra_dropped; /* out: entries whose extra data was cut */
+    uint32_t reduced;       /* out: entries dropped off the end */
+};
+/* Reads the s->nb_snapshots entries at s->snapshots_offset into
+ * s->snapshots (which must be empty) and sets s->snapshots_size; with
+ * how->repair, s->nb_snapshots may shrink. 0 or -errno with err set in
+ * QEMU's words; on failure no snapshot is kept. */
+int qc_read_snapshot_table(bi_node *n, struct qc_snap_read *how, bi_error *err);
+/* qc_read_snapshot_table for a plain open (strict, no repair). */
 int qc_read_snapshots(bi_node *n, bi_error *err);
 void qc_free_snapshots(qcow2_state *s);
 int qc_read_bitmaps(bi_node *n, bi_error *err);
