@@ -550,4 +550,27 @@ int qcow2_amend(bi_node *n, const char *const *options, bool force,
 /* The options amend takes, as qemu-img amend -o help lists them. */
 extern const struct bi_opt_desc qc_amend_opts[];
 
+/* An allocating write in flight (qcow2_map.c), from map to commit. */
+struct qc_alloc {
+    uint64_t guest;  /* first cluster's guest offset */
+    uint64_t nb;     /* clusters */
+    uint64_t host;   /* host offset of the first cluster */
+    bool allocated;  /* host run newly allocated (refcount 1 each) */
+    uint64_t wstart; /* host range written (head..tail) */
+    uint64_t wend;
+    uint64_t *old_entry; /* nb entries */
+    uint64_t *old_bitmap;
+};
+
+/* The pieces of the allocating write that decide without I/O
+ * (qcow2_map.c; unit-tested in tests/unit/test_qcow2_wplan.c). */
+bool qc_mw_in_place(const qcow2_state *s, uint64_t entry, uint64_t bitmap,
+                    uint64_t a, uint64_t b);
+bool qc_mw_has_old_data(const qcow2_state *s, uint64_t entry, uint64_t bitmap);
+bool qc_mw_needs_bitmap_update(const qcow2_state *s, uint64_t entry);
+bool qc_mw_is_own_zero(const qcow2_state *s, uint64_t entry);
+void qc_mw_cow_bounds(const qcow2_state *s, const struct qc_alloc *a,
+                      uint64_t off, uint64_t wend, bool partial, bool more,
+                      uint64_t *head, uint64_t *tail);
+
 #endif

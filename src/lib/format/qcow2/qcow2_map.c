@@ -548,20 +548,9 @@ static int fill_cow(bi_node *n, uint64_t goff, uint64_t len, uint8_t *buf,
 
 /* ------------------------------------------------------ allocating writes */
 
-struct qc_alloc {
-    uint64_t guest;  /* first cluster's guest offset */
-    uint64_t nb;     /* clusters */
-    uint64_t host;   /* host offset of the first cluster */
-    bool allocated;  /* host run newly allocated (refcount 1 each) */
-    uint64_t wstart; /* host range written (head..tail) */
-    uint64_t wend;
-    uint64_t *old_entry; /* nb entries */
-    uint64_t *old_bitmap;
-};
-
 /* Can the cluster be written in place for [a, b) (guest, inside it)? */
-static bool in_place(const qcow2_state *s, uint64_t entry, uint64_t bitmap,
-                     uint64_t a, uint64_t b)
+bool qc_mw_in_place(const qcow2_state *s, uint64_t entry, uint64_t bitmap,
+                    uint64_t a, uint64_t b)
 {
     if (entry & QCOW_OFLAG_COMPRESSED)
         return false;
@@ -579,7 +568,7 @@ static bool in_place(const qcow2_state *s, uint64_t entry, uint64_t bitmap,
 }
 
 /* The cluster holds data that a copy must keep (whole-cluster COW). */
-static bool has_old_data(const qcow2_state *s, uint64_t entry, uint64_t bitmap)
+bool qc_mw_has_old_data(const qcow2_state *s, uint64_t entry, uint64_t bitmap)
 {
     if (entry & QCOW_OFLAG_COMPRESSED)
         return true;
@@ -603,7 +592,7 @@ static void free_alloc(struct qc_alloc *a)
 /* An allocated cluster of ours in an extended-L2 image: a write fills
  * its unallocated subclusters where it is and updates the bitmap, in an
  * extent of its own. */
-static bool needs_bitmap_update(const qcow2_state *s, uint64_t entry)
+bool qc_mw_needs_bitmap_update(const qcow2_state *s, uint64_t entry)
 {
     return s->ext_l2 && (entry & QCOW_OFLAG_COPIED) &&
            !(entry & QCOW_OFLAG_COMPRESSED) &&
@@ -612,7 +601,7 @@ static bool needs_bitmap_update(const qcow2_state *s, uint64_t entry)
 
 /* A preallocated zero cluster of ours (no extended L2): written where it
  * is, its entry then loses the zero flag. */
-static bool is_own_zero_cluster(const qcow2_state *s, uint64_t entry)
+bool qc_mw_is_own_zero(const qcow2_state *s, uint64_t entry)
 {
     return !s->ext_l2 && (entry & QCOW_OFLAG_COPIED) &&
            (entry & QCOW_OFLAG_ZERO) && !(entry & QCOW_OFLAG_COMPRESSED) &&
@@ -647,7 +636,7 @@ static int mw_overwrite(bi_node *n, uint64_t off, uint64_t end, uint64_t entry,
         }
         idx = (pos >> s->cluster_bits) & (s->l2_entries - 1);
         qc_get_l2(s, table, idx, &entry, &bitmap);
-        if (!in_place(s, entry, bitmap, pos, BI_MIN(end, pos + cs)) ||
+        if (!qc_mw_in_place(s, entry, bitmap, pos, BI_MIN(end, pos + cs)) ||
             entry_host(s, entry) != host0 + (pos - off))
             break;
         pos += cs;
@@ -690,8 +679,8 @@ static int mw_count_run(bi_node *n, uint64_t c0, uint64_t end, void *table,
         idx = (pos >> s->cluster_bits) & (s->l2_entries - 1);
         uint64_t e2, b2;
         qc_get_l2(s, table, idx, &e2, &b2);
-        if (in_place(s, e2, b2, pos, BI_MIN(end, pos + cs)) ||
-            needs_bitmap_update(s, e2))
+        if (qc_mw_in_place(s, e2, b2, pos, BI_MIN(end, pos + cs)) ||
+            qc_mw_needs_bitmap_update(s, e2))
             break;
         (*nb)++;
         pos += cs;
@@ -764,9 +753,9 @@ static int mw_host_run(bi_node *n, struct qc_alloc *a, uint64_t entry,
  * kept, (sub)cluster units otherwise, only unallocated subclusters with
  * a bitmap update (partial), none for a raw data file. more: the request
  * goes on past the run. */
-static void mw_cow_bounds(const qcow2_state *s, const struct qc_alloc *a,
-                          uint64_t off, uint64_t wend, bool partial, bool more,
-                          uint64_t *head, uint64_t *tail)
+void qc_mw_cow_bounds(const qcow2_state *s, const struct qc_alloc *a,
+                      uint64_t off, uint64_t wend, bool partial, bool more,
+                      uint64_t *head, uint64_t *tail)
 {
     uint64_t cs = s->cluster_size, c0 = a->guest, nb = a->nb;
     uint64_t unit = s->ext_l2 ? s->subcluster_size : cs;
@@ -781,12 +770,13 @@ static void mw_cow_bounds(const qcow2_state *s, const struct qc_alloc *a,
         if (wend < *tail && ((a->old_bitmap[0] >> sc_index(s, wend)) & 1))
             *tail = wend;
     } else {
-        *head = has_old_data(s, a->old_entry[0], a->old_bitmap[0])
+        *head = qc_mw_has_old_data(s, a->old_entry[0], a->old_bitmap[0])
                     ? c0
                     : bi_align_down(off, unit);
-        *tail = has_old_data(s, a->old_entry[nb - 1], a->old_bitmap[nb - 1])
-                    ? c0 + nb * cs
-                    : bi_align_up(wend, unit);
+        *tail =
+            qc_mw_has_old_data(s, a->old_entry[nb - 1], a->old_bitmap[nb - 1])
+                ? c0 + nb * cs
+                : bi_align_up(wend, unit);
         if (more)
             *tail = wend;
     }
@@ -807,8 +797,9 @@ static int mw_fill_cow(bi_node *n, const struct qc_alloc *a,
     uint64_t nb = a->nb;
     bool events =
         (ext->cow_head_len || ext->cow_tail_len) &&
-        (n->backing || has_old_data(s, a->old_entry[0], a->old_bitmap[0]) ||
-         has_old_data(s, a->old_entry[nb - 1], a->old_bitmap[nb - 1]));
+        (n->backing ||
+         qc_mw_has_old_data(s, a->old_entry[0], a->old_bitmap[0]) ||
+         qc_mw_has_old_data(s, a->old_entry[nb - 1], a->old_bitmap[nb - 1]));
     if (events)
         bi_debug_event(n->file, BI_DBG_COW_READ);
     if (ext->cow_head_len) {
@@ -855,7 +846,7 @@ static int mw_allocate(bi_node *n, struct qc_alloc *a, uint64_t off,
         return ret;
     }
     uint64_t wend = BI_MIN(end, c0 + a->nb * cs), head, tail;
-    mw_cow_bounds(s, a, off, wend, partial, wend < end, &head, &tail);
+    qc_mw_cow_bounds(s, a, off, wend, partial, wend < end, &head, &tail);
     ext->kind = BI_EXT_DATA;
     ext->host = qc_data_node(n);
     ext->host_offset = a->host + (off - c0);
@@ -905,7 +896,8 @@ static int map_write_locked(bi_node *n, uint64_t off, uint64_t len,
         qc_cache_put(&s->l2_cache, table);
         return ret;
     }
-    if (in_place(s, entry, bitmap, off, BI_MIN(end, c0 + s->cluster_size))) {
+    if (qc_mw_in_place(s, entry, bitmap, off,
+                       BI_MIN(end, c0 + s->cluster_size))) {
         qc_cache_put(&s->l2_cache, table);
         return mw_overwrite(n, off, end, entry, ext);
     }
@@ -915,8 +907,8 @@ static int map_write_locked(bi_node *n, uint64_t off, uint64_t len,
         return -ENOMEM;
     }
     a->guest = c0;
-    bool partial = needs_bitmap_update(s, entry);
-    bool keep = partial || is_own_zero_cluster(s, entry);
+    bool partial = qc_mw_needs_bitmap_update(s, entry);
+    bool keep = partial || qc_mw_is_own_zero(s, entry);
     if (keep) {
         qc_cache_put(&s->l2_cache, table);
         a->nb = 1;
