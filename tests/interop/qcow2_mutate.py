@@ -8,7 +8,10 @@ in `make check`) and on its own for long runs:
 
     python3 tests/interop/qcow2_mutate.py BUILD_DIR [CASES] [FIRST_SEED]
 
-which prints one line per case where the tools disagree and a total.
+which prints one line per case where the tools disagree and a total;
+with --snapshots the damage is to the snapshot table only (its header
+pointer, its entries' fields, or the file cut inside it), on images with
+two internal snapshots (SNAPSHOT_KINDS).
 """
 import os
 import random
@@ -45,6 +48,15 @@ KINDS = {
     "c2m": ("cluster_size=2M", ["write -P 1 0 4k", "write -P 2 4M 64k"],
             None),
 }
+# images for the snapshot table damages: two internal snapshots each
+SNAPSHOT_KINDS = {
+    "snap4k": ("cluster_size=4096",
+               ["write -P 1 0 32k", "write -P 4 1M 8k"], "snapshots2"),
+    "snap512_v2": ("compat=0.10,cluster_size=512",
+                   ["write -P 1 0 8k", "write -P 2 300k 4k"], "snapshots2"),
+    "snap64k": ("", ["write -P 1 0 128k", "write -P 3 2M 64k"],
+                "snapshots2"),
+}
 SIZE = "8M"
 
 
@@ -67,7 +79,8 @@ def _run(argv, cwd=None):
 
 
 def make_image(path, kind):
-    opts, cmds, extra = KINDS[kind]
+    opts, cmds, extra = KINDS[kind] if kind in KINDS else \
+        SNAPSHOT_KINDS[kind]
     argv = ["qemu-img", "create", "-q", "-f", "qcow2"]
     if opts:
         argv += ["-o", opts]
@@ -81,6 +94,13 @@ def make_image(path, kind):
         subprocess.run(["qemu-io", "-c", "write -P 7 0 8k", "-c",
                         "write -P 8 2M 4k", path], check=True,
                        capture_output=True)
+    elif extra == "snapshots2":
+        for name, cmd in (("s1", "write -P 7 0 8k"),
+                          ("second", "write -P 8 2M 4k")):
+            subprocess.run(["qemu-img", "snapshot", "-c", name, path],
+                           check=True)
+            subprocess.run(["qemu-io", "-c", cmd, path], check=True,
+                           capture_output=True)
     elif extra == "bitmap":
         subprocess.run(["qemu-img", "bitmap", "--add", path, "b0"],
                        check=True)
@@ -193,6 +213,93 @@ def mutate(path, seed):
         return "%s: entry %#x %#x -> %#x" % (name, off, old, new)
 
 
+def snapshot_entries(lay):
+    """The snapshot table's entries as QEMU walks them: a list of
+    (offset, extra_data_size, id_len, name_len), and the table's end."""
+    out = []
+    off = lay.snap_off
+    for _ in range(lay.nb_snap):
+        off = (off + 7) & ~7
+        if off + 40 > len(lay.data):
+            break
+        il, nl = struct.unpack_from(">HH", lay.data, off + 12)
+        (ex,) = struct.unpack_from(">I", lay.data, off + 36)
+        out.append((off, ex, il, nl))
+        off += 40 + ex + il + nl
+    return out, off
+
+
+# the fields of a snapshot table entry: (name, offset, width)
+_SNAP_FIELDS = [("l1_offset", 0, 8), ("l1_size", 8, 4), ("id_len", 12, 2),
+                ("name_len", 14, 2), ("vm_state_size", 32, 4),
+                ("extra_size", 36, 4)]
+
+
+def _snap_field_value(rng, name, old, cs, file_len):
+    """A wrong value for one field of a snapshot table entry."""
+    if name == "l1_offset":
+        return rng.choice([old + 8, old + 512, old | 1, 0,
+                           (file_len + cs * rng.randrange(1, 8)) & ~(cs - 1),
+                           rng.getrandbits(64)])
+    if name == "l1_size":
+        return rng.choice([0, old + 1, 0x2000001, 0x4000000,
+                           rng.getrandbits(32)])
+    if name in ("id_len", "name_len"):
+        return rng.choice([0, old + 1, old + 7, 0xffff, rng.getrandbits(16)])
+    if name == "extra_size":
+        return rng.choice([0, 8, 15, 16, 23, 25, 1024, 1025, 2000, 65541,
+                           rng.getrandbits(32)])
+    return rng.getrandbits(32)
+
+
+def mutate_snapshots(path, seed):
+    """Damages the snapshot table of the image at path in place (it must
+    have snapshots); returns what was done."""
+    rng = random.Random(seed)
+    lay = Layout(path)
+    file_len = len(lay.data)
+    entries, end = snapshot_entries(lay)
+    how = rng.randrange(10)
+    with open(path, "r+b") as f:
+        if how == 0:
+            nb = rng.choice([lay.nb_snap + 1, lay.nb_snap + rng.randrange(2, 60),
+                             65536 + rng.randrange(1, 5000), 0,
+                             rng.getrandbits(32)])
+            f.seek(60)
+            f.write(struct.pack(">I", nb))
+            return "snapshot count %d -> %d" % (lay.nb_snap, nb)
+        if how == 1:
+            off = rng.choice([lay.snap_off + 8, lay.snap_off + lay.cs, 0,
+                              (file_len + lay.cs * 3) & ~(lay.cs - 1),
+                              0x7ffffffffffff000, rng.getrandbits(64)])
+            f.seek(64)
+            f.write(struct.pack(">Q", off))
+            return "snapshot table offset %#x -> %#x" % (lay.snap_off, off)
+        if how == 2:
+            new_len = rng.randrange(lay.snap_off, max(end, lay.snap_off + 1))
+            f.truncate(new_len)
+            return "truncate to %d (snapshot table %#x..%#x)" % \
+                (new_len, lay.snap_off, end)
+        if how == 3 or not entries:
+            off = lay.snap_off + rng.randrange(max(1, end - lay.snap_off))
+            f.seek(off)
+            old = f.read(1)
+            new = rng.randrange(256)
+            f.seek(off)
+            f.write(bytes([new]))
+            return "snapshot table byte %#x %s -> %#x" % (off, old.hex(), new)
+        i = rng.randrange(len(entries))
+        name, foff, width = rng.choice(_SNAP_FIELDS)
+        fmt = {8: ">Q", 4: ">I", 2: ">H"}[width]
+        at = entries[i][0] + foff
+        (old,) = struct.unpack_from(fmt, lay.data, at)
+        new = _snap_field_value(rng, name, old, lay.cs, file_len) % \
+            (1 << (8 * width))
+        f.seek(at)
+        f.write(struct.pack(fmt, new))
+        return "snapshot %d %s %#x -> %#x" % (i, name, old, new)
+
+
 def check(tool, path, *args):
     """(exit code, stdout, stderr) of `tool check args path`, run in the
     image's folder on its base name so messages compare equal."""
@@ -229,10 +336,11 @@ def _disagreement(label, q, b):
     return "other"
 
 
-def one_case(blkimg, workdir, kind, seed, quick=False):
+def one_case(blkimg, workdir, kind, seed, quick=False, snapshots=False):
     """Runs one case; returns a list of (kind, text) disagreements, kind
     one of _disagreement's or "died" or "repair" (a repair blkimg calls
-    done that qemu-img check still finds bad). quick skips the repair of
+    done that qemu-img check still finds bad). snapshots damages only the
+    snapshot table (mutate_snapshots). quick skips the repair of
     a refcount block outside the image: like QEMU's, it grows the file to
     reach the block, which may be terabytes away (a sparse file, but
     seconds of counting and gigabytes of counts)."""
@@ -241,7 +349,7 @@ def one_case(blkimg, workdir, kind, seed, quick=False):
         make_image(base, kind)
     img = os.path.join(workdir, "img.qcow2")
     shutil.copy(base, img)
-    what = mutate(img, seed)
+    what = mutate_snapshots(img, seed) if snapshots else mutate(img, seed)
     problems = []
     q = check("qemu-img", img)
     b = check(blkimg, img)
@@ -281,17 +389,20 @@ def one_case(blkimg, workdir, kind, seed, quick=False):
 
 
 def main(argv):
+    snapshots = "--snapshots" in argv
+    argv = [a for a in argv if a != "--snapshots"]
     build = argv[1]
     cases = int(argv[2]) if len(argv) > 2 else 1000
     first = int(argv[3]) if len(argv) > 3 else 0
     blkimg = os.path.join(build, "blkimg")
-    kinds = sorted(KINDS)
+    kinds = sorted(SNAPSHOT_KINDS if snapshots else KINDS)
     bad = 0
     with tempfile.TemporaryDirectory(prefix="qcow2-mutate-") as d:
         for i in range(cases):
             seed = first + i
             kind = kinds[seed % len(kinds)]
-            for how, text in one_case(blkimg, d, kind, seed):
+            for how, text in one_case(blkimg, d, kind, seed,
+                                      snapshots=snapshots):
                 bad += 1
                 print("[%s] %s" % (how, text), flush=True)
     print("%d cases, %d disagreements" % (cases, bad))

@@ -47,6 +47,10 @@ def _cases():
 CASES = _cases()
 # cases that check reports as corrupt instead of refusing to open
 CHECK_REPORTS = {"reftable-past-eof", "l1-offset-past-eof", "reftable-zero"}
+# the snapshot table is the check's to read (QEMU's
+# qcow2_check_read_snapshot_table): its findings in qemu-img check's words
+SNAPSHOT_CHECK = {"snapshots-too-many", "snapshots-unaligned",
+                  "snapshots-past-eof"}
 
 
 def sha(path):
@@ -101,6 +105,12 @@ def test_hostile(blkimg, blkimg_io, tmp_path, sanitized, idx):
             q = run_limited(["qemu-img", "check", "-f", "qcow2", img], cwd)
             assert cp.returncode == q.returncode == 2, cp.stderr
             assert cp.stderr == q.stderr, cp.stderr
+        elif name in SNAPSHOT_CHECK and cmd[1] == "check":
+            q = run_limited(["qemu-img", "check", "-f", "qcow2", img], cwd)
+            assert cp.returncode == q.returncode, (cp.stderr, q.stderr)
+            assert cp.stdout == q.stdout, cp.stdout
+            assert cp.stderr.replace("blkimg:", "qemu-img:") == q.stderr, \
+                cp.stderr
         elif name == "crypt-aes" and cmd[1] == "info":
             # info opens for metadata only, as qemu-img info does; every
             # command that touches data is refused below

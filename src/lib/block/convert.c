@@ -553,6 +553,32 @@ out:
     return ret;
 }
 
+/* After a read of [soff, soff + len) of source i failed with ret: the
+ * guest offset (in the concatenated sources) that qemu-img convert names
+ * for the failure, the start of the first block status extent whose read
+ * fails (qemu-img's chunks end at every extent); buf is scratch for len
+ * bytes. When no piece fails alone, base + soff. */
+static uint64_t locate_read_error(struct cv_state *s, int i, uint64_t soff,
+                                  uint64_t len, uint8_t *buf, int *ret)
+{
+    uint64_t pos = soff, end = soff + len;
+    while (pos < end) {
+        struct bi_status st;
+        memset(&st, 0, sizeof(st));
+        int r = bi_block_status_above(s->src[i], src_base(s, s->src[i]), pos,
+                                      end - pos, &st);
+        uint64_t n =
+            r == 0 && st.len > 0 ? BI_MIN(st.len, end - pos) : end - pos;
+        r = bi_co_pread(s->src[i], pos, buf, n);
+        if (r < 0) {
+            *ret = r;
+            return s->src_start[i] + pos;
+        }
+        pos += n;
+    }
+    return s->src_start[i] + soff;
+}
+
 /* Reads [off, off+len) of the concatenated sources into buf. */
 static int co_read(struct cv_state *s, uint64_t off, uint64_t len, void *buf,
                    bool pure)
@@ -563,7 +589,9 @@ static int co_read(struct cv_state *s, uint64_t off, uint64_t len, void *buf,
         int i = src_index(s, off);
         int ret = bi_co_pread(s->src[i], off - s->src_start[i], p, len);
         if (ret < 0) {
-            set_error(s, ret, EK_READ, off);
+            uint64_t at =
+                locate_read_error(s, i, off - s->src_start[i], len, p, &ret);
+            set_error(s, ret, EK_READ, at);
         }
         return ret;
     }
@@ -587,7 +615,8 @@ static int co_read(struct cv_state *s, uint64_t off, uint64_t len, void *buf,
             }
             ret = bi_co_pread(s->src[i], soff, p, n);
             if (ret < 0) {
-                set_error(s, ret, EK_READ, off);
+                uint64_t at = locate_read_error(s, i, soff, n, p, &ret);
+                set_error(s, ret, EK_READ, at);
                 return ret;
             }
         }

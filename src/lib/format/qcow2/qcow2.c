@@ -603,6 +603,12 @@ static int open_table_geometry(bi_node *n, qcow2_state *s, const uint8_t *hdr,
                   (uint64_t)s->refcount_table_clusters << s->cluster_bits)) {
         return qc_error(err, -EINVAL, "Invalid reference count table offset");
     }
+    /* opened for checking, the snapshot table is the check's to read
+     * and judge (QEMU's qcow2_check_read_snapshot_table) */
+    if (s->check_mode) {
+        s->nb_snapshots = 0;
+        s->snapshots_offset = 0;
+    }
     if (s->nb_snapshots > QCOW2_MAX_SNAPSHOTS) {
         return qc_error(err, -EINVAL, "Too many snapshots");
     }

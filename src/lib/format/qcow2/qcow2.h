@@ -394,6 +394,21 @@ long qc_compress(int type, const void *src, size_t slen, void *dst,
 int qc_read_compressed_cluster(bi_node *n, uint64_t entry, void *buf);
 
 /* ---- snapshots (qcow2_snapshot.c) ---- */
+/* How qc_read_snapshot_table treats a broken snapshot table (QEMU's
+ * qcow2_do_read_snapshots). */
+struct qc_snap_read {
+    bool repair;            /* check -r all: drop what QEMU drops */
+    bool strict;            /* plain open: refuse a table past the end of
+                             * the file or an L1 table too large */
+    uint32_t extra_dropped; /* out: entries whose extra data was cut */
+    uint32_t reduced;       /* out: entries dropped off the end */
+};
+/* Reads the s->nb_snapshots entries at s->snapshots_offset into
+ * s->snapshots (which must be empty) and sets s->snapshots_size; with
+ * how->repair, s->nb_snapshots may shrink. 0 or -errno with err set in
+ * QEMU's words; on failure no snapshot is kept. */
+int qc_read_snapshot_table(bi_node *n, struct qc_snap_read *how, bi_error *err);
+/* qc_read_snapshot_table for a plain open (strict, no repair). */
 int qc_read_snapshots(bi_node *n, bi_error *err);
 void qc_free_snapshots(qcow2_state *s);
 int qc_read_bitmaps(bi_node *n, bi_error *err);
@@ -534,5 +549,28 @@ int qcow2_amend(bi_node *n, const char *const *options, bool force,
                 bi_amend_status_cb *cb, void *opaque, bi_error *err);
 /* The options amend takes, as qemu-img amend -o help lists them. */
 extern const struct bi_opt_desc qc_amend_opts[];
+
+/* An allocating write in flight (qcow2_map.c), from map to commit. */
+struct qc_alloc {
+    uint64_t guest;  /* first cluster's guest offset */
+    uint64_t nb;     /* clusters */
+    uint64_t host;   /* host offset of the first cluster */
+    bool allocated;  /* host run newly allocated (refcount 1 each) */
+    uint64_t wstart; /* host range written (head..tail) */
+    uint64_t wend;
+    uint64_t *old_entry; /* nb entries */
+    uint64_t *old_bitmap;
+};
+
+/* The pieces of the allocating write that decide without I/O
+ * (qcow2_map.c; unit-tested in tests/unit/test_qcow2_wplan.c). */
+bool qc_mw_in_place(const qcow2_state *s, uint64_t entry, uint64_t bitmap,
+                    uint64_t a, uint64_t b);
+bool qc_mw_has_old_data(const qcow2_state *s, uint64_t entry, uint64_t bitmap);
+bool qc_mw_needs_bitmap_update(const qcow2_state *s, uint64_t entry);
+bool qc_mw_is_own_zero(const qcow2_state *s, uint64_t entry);
+void qc_mw_cow_bounds(const qcow2_state *s, const struct qc_alloc *a,
+                      uint64_t off, uint64_t wend, bool partial, bool more,
+                      uint64_t *head, uint64_t *tail);
 
 #endif

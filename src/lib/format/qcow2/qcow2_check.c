@@ -27,6 +27,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,20 @@ struct ck {
     bool rebuild;
     uint8_t *l2buf;
 };
+
+/* Sets err to a finding that ends the check (printf-style), with code
+ * as its errno. */
+static void snap_fail(bi_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void snap_fail(bi_error *err, int code, const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    bi_error_setc(err, code, "%s", msg);
+}
 
 /* The kinds of L2 entry, classified as QEMU's qcow2_get_cluster_type. */
 enum ck_type { CK_UNALLOC, CK_ZERO_PLAIN, CK_ZERO_ALLOC, CK_NORMAL, CK_COMP };
@@ -889,6 +904,16 @@ static int ck_oflag_copied(struct ck *c)
         int dirty = ck_copied_l2(c, repair);
         if (!dirty)
             continue;
+        /* the table may lie on other metadata (a snapshot's L1 table) */
+        ret = qc_check_overlap(c->n, QC_OL_L2, l2, s->cluster_size);
+        if (ret < 0) {
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR: Could not write L2 table; metadata overlap "
+                       "check failed: %s",
+                       strerror(-ret));
+            res->check_errors++;
+            return ret;
+        }
         ret = bi_co_pwrite(c->n->file, l2, c->l2buf, s->cluster_size, 0);
         if (ret < 0) {
             bi_message(BI_MESSAGE_CHECK, "ERROR: Could not write L2 table: %s",
@@ -949,35 +974,143 @@ static int ck_rebuild_and_recount(struct ck *c, uint64_t *highest)
     return 0;
 }
 
-/* Phase 0, the snapshot table pointer in the header (QEMU's
- * qcow2_check_read_snapshot_table validates it even without snapshots):
- * an offset that is unaligned or overflows fails the check. */
-static int ck_snapshot_pointer(struct ck *c, bi_error *err)
+/* Phase 0a: the snapshot table pointer in the header (the open left it
+ * to the check). An image that claims too many snapshots loses the ones
+ * over the limit with -r all (*reduced); a pointer QEMU would refuse
+ * fails the check (err set). 0 or -errno; s->nb_snapshots and
+ * s->snapshots_offset are set on success, cleared on failure. */
+static int ck_snapshot_pointer(struct ck *c, struct bi_check_result *res,
+                               uint32_t *reduced, bi_error *err)
 {
     qcow2_state *s = c->s;
     uint8_t p[12];
-    int ret = bi_co_pread(c->n->file, 60, p, sizeof(p));
+    int ret = bi_co_pread(c->n->file, QH_NB_SNAPSHOTS, p, sizeof(p));
     if (ret < 0) {
-        c->res->check_errors++;
+        res->check_errors++;
         bi_message(BI_MESSAGE_CHECK,
                    "ERROR failed to read the snapshot table pointer from the "
                    "image header: %s",
                    strerror(-ret));
         return ret;
     }
-    uint32_t nb;
-    uint64_t off;
-    memcpy(&nb, p, 4);
-    memcpy(&off, p + 4, 8);
-    nb = be32toh(nb);
-    off = be64toh(off);
-    uint64_t size = (uint64_t)BI_MIN(nb, QCOW2_MAX_SNAPSHOTS) * 40;
-    if (off > INT64_MAX - size || qc_offset_into_cluster(s, off)) {
-        c->res->check_errors++;
-        bi_error_set(err, 0, "ERROR snapshot table offset invalid");
+    uint32_t nb = qc_get32(p);
+    uint64_t off = qc_get64(p + 4);
+    if (nb > QCOW2_MAX_SNAPSHOTS && (c->fix & BI_CHECK_FIX_ERRORS)) {
+        bi_message(BI_MESSAGE_CHECK,
+                   "Discarding %" PRIu32 " overhanging snapshots",
+                   nb - QCOW2_MAX_SNAPSHOTS);
+        *reduced += nb - QCOW2_MAX_SNAPSHOTS;
+        nb = QCOW2_MAX_SNAPSHOTS;
+    }
+    if (nb > QCOW2_MAX_SNAPSHOTS) {
+        res->check_errors++;
+        snap_fail(err, -EFBIG,
+                  "ERROR snapshot table too large\nYou can force-remove all "
+                  "%" PRIu32 " overhanging snapshots with qemu-img check -r "
+                  "all",
+                  nb - QCOW2_MAX_SNAPSHOTS);
+        return -EFBIG;
+    }
+    if (off > (uint64_t)INT64_MAX - (uint64_t)nb * 40 ||
+        qc_offset_into_cluster(s, off)) {
+        res->check_errors++;
+        snap_fail(err, -EINVAL, "ERROR snapshot table offset invalid");
         return -EINVAL;
     }
+    s->nb_snapshots = nb;
+    s->snapshots_offset = off;
     return 0;
+}
+
+/* Phase 0b: the snapshot table read as QEMU's check reads it
+ * (qcow2_check_read_snapshot_table): entries whose extra data is too
+ * much or too little are corruptions (res), mended in memory with -r all
+ * and written by ck_fix_snapshot_table once the refcounts are sound;
+ * entries dropped off the end are written to the header's count at
+ * once (that only leaks, which the refcount phases repair). A table that
+ * cannot be read fails the check. 0 or -errno. */
+static int ck_snapshot_table(struct ck *c, struct bi_check_result *res,
+                             bi_error *err)
+{
+    qcow2_state *s = c->s;
+    struct qc_snap_read how = {.repair = c->fix & BI_CHECK_FIX_ERRORS};
+    qc_free_snapshots(s);
+    s->nb_snapshots = 0;
+    s->snapshots_offset = 0;
+    s->snapshots_size = 0;
+    int ret = ck_snapshot_pointer(c, res, &how.reduced, err);
+    if (ret == 0) {
+        bi_error e;
+        bi_error_init(&e);
+        ret = qc_read_snapshot_table(c->n, &how, &e);
+        if (ret < 0) {
+            res->check_errors++;
+            snap_fail(err, ret, "ERROR failed to read the snapshot table: %s",
+                      e.msg);
+        }
+    }
+    if (ret < 0) {
+        s->nb_snapshots = 0;
+        s->snapshots_offset = 0;
+        return ret;
+    }
+    res->corruptions += how.reduced + how.extra_dropped;
+    if (how.reduced) {
+        assert(c->fix & BI_CHECK_FIX_ERRORS);
+        uint8_t nb[4];
+        qc_put32(nb, s->nb_snapshots);
+        ret = qc_write_header_field(c->n, QH_NB_SNAPSHOTS, nb, sizeof(nb));
+        if (ret < 0) {
+            res->check_errors++;
+            bi_message(BI_MESSAGE_CHECK,
+                       "ERROR failed to update the snapshot count in the "
+                       "image header: %s",
+                       strerror(-ret));
+            return ret;
+        }
+        res->corruptions_fixed += how.reduced;
+        res->corruptions -= how.reduced;
+    }
+    for (uint32_t i = 0; s->version >= 3 && i < s->nb_snapshots; i++) {
+        if (s->snapshots[i].extra_data_size < 16) {
+            res->corruptions++;
+            bi_message(BI_MESSAGE_CHECK,
+                       "%s snapshot table entry %" PRIu32 " is incomplete",
+                       c->fix & BI_CHECK_FIX_ERRORS ? "Repairing" : "ERROR", i);
+        }
+    }
+    return 0;
+}
+
+/* After the refcount phases (-r all): a snapshot table whose entries were
+ * mended in memory is written anew, in new clusters, before the header
+ * points at it (QEMU's qcow2_check_fix_snapshot_table). 0 or -errno. */
+static int ck_fix_snapshot_table(struct ck *c, struct bi_check_result *res)
+{
+    if (!res->corruptions || !(c->fix & BI_CHECK_FIX_ERRORS))
+        return 0;
+    int ret = qc_rewrite_snapshot_table(c->n);
+    if (ret < 0) {
+        res->check_errors++;
+        bi_message(BI_MESSAGE_CHECK,
+                   "ERROR failed to update snapshot table: %s", strerror(-ret));
+        return ret;
+    }
+    res->corruptions_fixed += res->corruptions;
+    res->corruptions = 0;
+    return 0;
+}
+
+/* Adds the counts of src to out (QEMU's qcow2_add_check_result, without
+ * the allocation figures). */
+static void ck_add_result(struct bi_check_result *out,
+                          const struct bi_check_result *src)
+{
+    out->corruptions += src->corruptions;
+    out->leaks += src->leaks;
+    out->check_errors += src->check_errors;
+    out->corruptions_fixed += src->corruptions_fixed;
+    out->leaks_fixed += src->leaks_fixed;
 }
 
 /* Phases 1 to 4 (QEMU's qcow2_check_refcounts). */
@@ -1065,9 +1198,13 @@ int qcow2_check_image(bi_node *n, struct bi_check_result *res_out, int fix,
     }
     res->total_clusters = qc_size_to_clusters(s, n->size);
     res->has_frag_info = true;
-    ret = ck_snapshot_pointer(&c, err);
+    struct bi_check_result snap = {0};
+    ret = ck_snapshot_table(&c, &snap, err);
     if (ret == 0)
         ret = ck_refcounts(&c);
+    if (ret == 0)
+        ret = ck_fix_snapshot_table(&c, &snap);
+    ck_add_result(res, &snap);
     if (ret == 0 && fix && !s->read_only)
         ret = ck_finish_repair(&c);
     if (ret < 0 && fix && !res->check_errors)

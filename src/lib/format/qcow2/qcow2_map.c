@@ -8,6 +8,7 @@
 #include "io/aio.h"
 #include "qcow2.h"
 #include "util/util.h"
+#include <assert.h>
 #include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -552,20 +553,9 @@ static int fill_cow(bi_node *n, uint64_t goff, uint64_t len, uint8_t *buf,
 
 /* ------------------------------------------------------ allocating writes */
 
-struct qc_alloc {
-    uint64_t guest;  /* first cluster's guest offset */
-    uint64_t nb;     /* clusters */
-    uint64_t host;   /* host offset of the first cluster */
-    bool allocated;  /* host run newly allocated (refcount 1 each) */
-    uint64_t wstart; /* host range written (head..tail) */
-    uint64_t wend;
-    uint64_t *old_entry; /* nb entries */
-    uint64_t *old_bitmap;
-};
-
 /* Can the cluster be written in place for [a, b) (guest, inside it)? */
-static bool in_place(const qcow2_state *s, uint64_t entry, uint64_t bitmap,
-                     uint64_t a, uint64_t b)
+bool qc_mw_in_place(const qcow2_state *s, uint64_t entry, uint64_t bitmap,
+                    uint64_t a, uint64_t b)
 {
     if (entry & QCOW_OFLAG_COMPRESSED)
         return false;
@@ -583,7 +573,7 @@ static bool in_place(const qcow2_state *s, uint64_t entry, uint64_t bitmap,
 }
 
 /* The cluster holds data that a copy must keep (whole-cluster COW). */
-static bool has_old_data(const qcow2_state *s, uint64_t entry, uint64_t bitmap)
+bool qc_mw_has_old_data(const qcow2_state *s, uint64_t entry, uint64_t bitmap)
 {
     if (entry & QCOW_OFLAG_COMPRESSED)
         return true;
@@ -604,18 +594,304 @@ static void free_alloc(struct qc_alloc *a)
     free(a);
 }
 
+/* An allocated cluster of ours in an extended-L2 image: a write fills
+ * its unallocated subclusters where it is and updates the bitmap, in an
+ * extent of its own. */
+bool qc_mw_needs_bitmap_update(const qcow2_state *s, uint64_t entry)
+{
+    return s->ext_l2 && (entry & QCOW_OFLAG_COPIED) &&
+           !(entry & QCOW_OFLAG_COMPRESSED) &&
+           (entry_host(s, entry) || qc_has_data_file(s));
+}
+
+/* A preallocated zero cluster of ours (no extended L2): written where it
+ * is, its entry then loses the zero flag. */
+bool qc_mw_is_own_zero(const qcow2_state *s, uint64_t entry)
+{
+    return !s->ext_l2 && (entry & QCOW_OFLAG_COPIED) &&
+           (entry & QCOW_OFLAG_ZERO) && !(entry & QCOW_OFLAG_COMPRESSED) &&
+           entry_host(s, entry) && !qc_has_data_file(s);
+}
+
+/* Maps a write of [off, end) whose first cluster (entry) is written in
+ * place: ext becomes the longest host-contiguous run of clusters that
+ * are all written in place, at most QC_MAX_ALLOC_BYTES. No metadata
+ * changes, so there is no ordering to keep. 0 or -errno (an overlap with
+ * metadata included). */
+static int mw_overwrite(bi_node *n, uint64_t off, uint64_t end, uint64_t entry,
+                        struct bi_extent *ext)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t cs = s->cluster_size, c0 = qc_start_of_cluster(s, off);
+    uint64_t host0 = entry_host(s, entry) + (off - c0);
+    uint64_t pos = c0 + cs, tl1 = UINT64_MAX, idx, bitmap;
+    void *table = NULL;
+    while (pos < end && pos - off < QC_MAX_ALLOC_BYTES) {
+        uint64_t l1 = pos >> (s->l2_bits + s->cluster_bits);
+        if (l1 != tl1) {
+            if (table)
+                qc_cache_put(&s->l2_cache, table);
+            table = NULL;
+            int ret = get_l2_ro(n, pos, &table, &idx);
+            if (ret < 0)
+                return ret;
+            tl1 = l1;
+            if (!table)
+                break;
+        }
+        idx = (pos >> s->cluster_bits) & (s->l2_entries - 1);
+        qc_get_l2(s, table, idx, &entry, &bitmap);
+        if (!qc_mw_in_place(s, entry, bitmap, pos, BI_MIN(end, pos + cs)) ||
+            entry_host(s, entry) != host0 + (pos - off))
+            break;
+        pos += cs;
+    }
+    if (table)
+        qc_cache_put(&s->l2_cache, table);
+    ext->kind = BI_EXT_DATA;
+    ext->host = qc_data_node(n);
+    ext->host_offset = host0;
+    ext->len = BI_MIN(pos, end) - off;
+    assert(ext->len > 0 && ext->len <= end - off);
+    bi_debug_event(n->file, BI_DBG_WRITE_AIO);
+    if (!s->data_file)
+        return qc_check_overlap(n, 0, host0, ext->len);
+    return 0;
+}
+
+/* How many clusters from c0 (at most QC_MAX_ALLOC_BYTES, before end) a
+ * write allocates in one run: every one that is neither written in place
+ * nor needs a bitmap update. table is c0's L2 table, whose reference
+ * this consumes. 1 or more in *nb, 0; or -errno. */
+static int mw_count_run(bi_node *n, uint64_t c0, uint64_t end, void *table,
+                        uint64_t *nb)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t cs = s->cluster_size, idx;
+    uint64_t max_nb = BI_MAX(QC_MAX_ALLOC_BYTES / cs, 1);
+    uint64_t pos = c0 + cs, tl1 = c0 >> (s->l2_bits + s->cluster_bits);
+    *nb = 1;
+    while (pos < end && *nb < max_nb) {
+        uint64_t l1 = pos >> (s->l2_bits + s->cluster_bits);
+        if (l1 != tl1) {
+            qc_cache_put(&s->l2_cache, table);
+            table = NULL;
+            int ret = qc_get_l2_table(n, pos, true, &table, &idx);
+            if (ret < 0)
+                return ret;
+            tl1 = l1;
+        }
+        idx = (pos >> s->cluster_bits) & (s->l2_entries - 1);
+        uint64_t e2, b2;
+        qc_get_l2(s, table, idx, &e2, &b2);
+        if (qc_mw_in_place(s, e2, b2, pos, BI_MIN(end, pos + cs)) ||
+            qc_mw_needs_bitmap_update(s, e2))
+            break;
+        (*nb)++;
+        pos += cs;
+    }
+    if (table)
+        qc_cache_put(&s->l2_cache, table);
+    return 0;
+}
+
+/* Records the L2 entries of a's a->nb clusters as they are before the
+ * write (what commit replaces and what the COW copies). 0, or -errno for
+ * an entry that is invalid (reported by check_entry). */
+static int mw_record_old(bi_node *n, struct qc_alloc *a)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t cs = s->cluster_size, idx;
+    a->old_entry = calloc(a->nb, 8);
+    a->old_bitmap = calloc(a->nb, 8);
+    if (!a->old_entry || !a->old_bitmap)
+        return -ENOMEM;
+    for (uint64_t j = 0; j < a->nb; j++) {
+        void *tt;
+        int ret = get_l2_ro(n, a->guest + j * cs, &tt, &idx);
+        if (ret < 0)
+            return ret;
+        if (!tt)
+            continue;
+        qc_get_l2(s, tt, idx, &a->old_entry[j], &a->old_bitmap[j]);
+        qc_cache_put(&s->l2_cache, tt);
+        enum qcow2_sc_type tj =
+            qc_sc_type(s, a->old_entry[j], a->old_bitmap[j], 0);
+        if (tj == QC_INVALID)
+            return check_entry(n, a->old_entry[j], a->old_bitmap[j], tj, idx,
+                               a->guest + j * cs);
+    }
+    return 0;
+}
+
+/* Chooses the host run of a: the cluster itself when written where it is
+ * (keep), the guest offset in a data file, or else new clusters (freed
+ * ones first, as QEMU reuses them), whose refcounts are raised here:
+ * ordering, the refcounts of a new run reach the disk before any L2
+ * entry points at it (commit). 0 or -errno. */
+static int mw_host_run(bi_node *n, struct qc_alloc *a, uint64_t entry,
+                       bool keep)
+{
+    qcow2_state *s = n->opaque;
+    a->allocated = false;
+    if (keep) {
+        a->host = qc_has_data_file(s) ? a->guest : entry_host(s, entry);
+        return 0;
+    }
+    if (qc_has_data_file(s)) {
+        a->host = a->guest; /* guest offset == data file offset */
+        return 0;
+    }
+    int64_t h = qc_reclaim_freed(n, a->nb);
+    if (h == 0)
+        h = qc_alloc_clusters(n, a->nb);
+    if (h < 0)
+        return (int)h;
+    assert(!qc_offset_into_cluster(s, (uint64_t)h));
+    a->host = (uint64_t)h;
+    a->allocated = true;
+    return 0;
+}
+
+/* The guest range [*head, *tail) the write of [off, wend) covers with its
+ * copy-on-write head and tail: whole clusters where old data must be
+ * kept, (sub)cluster units otherwise, only unallocated subclusters with
+ * a bitmap update (partial), none for a raw data file. more: the request
+ * goes on past the run. */
+void qc_mw_cow_bounds(const qcow2_state *s, const struct qc_alloc *a,
+                      uint64_t off, uint64_t wend, bool partial, bool more,
+                      uint64_t *head, uint64_t *tail)
+{
+    uint64_t cs = s->cluster_size, c0 = a->guest, nb = a->nb;
+    uint64_t unit = s->ext_l2 ? s->subcluster_size : cs;
+    if (s->data_file_raw) {
+        *head = off;
+        *tail = wend;
+    } else if (partial) {
+        *head = bi_align_down(off, unit);
+        if ((a->old_bitmap[0] >> sc_index(s, off)) & 1)
+            *head = off;
+        *tail = BI_MIN(bi_align_up(wend, unit), c0 + cs);
+        if (wend < *tail && ((a->old_bitmap[0] >> sc_index(s, wend)) & 1))
+            *tail = wend;
+    } else {
+        *head = qc_mw_has_old_data(s, a->old_entry[0], a->old_bitmap[0])
+                    ? c0
+                    : bi_align_down(off, unit);
+        *tail =
+            qc_mw_has_old_data(s, a->old_entry[nb - 1], a->old_bitmap[nb - 1])
+                ? c0 + nb * cs
+                : bi_align_up(wend, unit);
+        if (more)
+            *tail = wend;
+    }
+    assert(c0 <= *head && *head <= off && wend <= *tail &&
+           *tail <= c0 + nb * cs);
+}
+
+/* Fills ext's copy-on-write head [head, off) and tail [wend, tail) with
+ * the bytes the clusters hold now (or their backing file's), raising
+ * QEMU's cow_read and cow_write events where QEMU copies. Nothing is
+ * written here: the data, head and tail reach the disk together before
+ * the L2 entries change (commit). 0 or -errno (buffers left in ext for
+ * the caller to free). */
+static int mw_fill_cow(bi_node *n, const struct qc_alloc *a,
+                       struct bi_extent *ext, uint64_t head, uint64_t wend)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t nb = a->nb;
+    bool events =
+        (ext->cow_head_len || ext->cow_tail_len) &&
+        (n->backing ||
+         qc_mw_has_old_data(s, a->old_entry[0], a->old_bitmap[0]) ||
+         qc_mw_has_old_data(s, a->old_entry[nb - 1], a->old_bitmap[nb - 1]));
+    if (events)
+        bi_debug_event(n->file, BI_DBG_COW_READ);
+    if (ext->cow_head_len) {
+        ext->cow_head = bi_blockalign(ext->host, ext->cow_head_len);
+        if (!ext->cow_head)
+            return -ENOMEM;
+        int ret = fill_cow(n, head, ext->cow_head_len, ext->cow_head,
+                           a->old_entry[0], a->old_bitmap[0]);
+        if (ret < 0)
+            return ret;
+    }
+    if (ext->cow_tail_len) {
+        ext->cow_tail = bi_blockalign(ext->host, ext->cow_tail_len);
+        if (!ext->cow_tail)
+            return -ENOMEM;
+        int ret = fill_cow(n, wend, ext->cow_tail_len, ext->cow_tail,
+                           a->old_entry[nb - 1], a->old_bitmap[nb - 1]);
+        if (ret < 0)
+            return ret;
+    }
+    /* QEMU raises cow_write when it writes the data with the copied
+     * bytes, write_aio for the guest data alone; both here */
+    if (events)
+        bi_debug_event(n->file, BI_DBG_COW_WRITE);
+    bi_debug_event(n->file, BI_DBG_WRITE_AIO);
+    return 0;
+}
+
+/* Maps the allocating write of [off, end) starting in the cluster of
+ * a->guest: host run, extent, COW head and tail. On success ext->cookie
+ * is a (commit writes the L2 entries after the data). On failure the
+ * new run's refcounts are given back and a is freed. 0 or -errno. */
+static int mw_allocate(bi_node *n, struct qc_alloc *a, uint64_t off,
+                       uint64_t end, uint64_t entry, bool partial, bool keep,
+                       struct bi_extent *ext)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t cs = s->cluster_size, c0 = a->guest;
+    int ret = mw_record_old(n, a);
+    if (ret == 0)
+        ret = mw_host_run(n, a, entry, keep);
+    if (ret < 0) {
+        free_alloc(a);
+        return ret;
+    }
+    uint64_t wend = BI_MIN(end, c0 + a->nb * cs), head, tail;
+    qc_mw_cow_bounds(s, a, off, wend, partial, wend < end, &head, &tail);
+    ext->kind = BI_EXT_DATA;
+    ext->host = qc_data_node(n);
+    ext->host_offset = a->host + (off - c0);
+    ext->len = wend - off;
+    ext->cow_head_len = off - head;
+    ext->cow_tail_len = tail - wend;
+    a->wstart = a->host + (head - c0);
+    a->wend = a->host + (tail - c0);
+    if (!s->data_file)
+        ret = qc_check_overlap(n, 0, a->wstart, a->wend - a->wstart);
+    if (ret == 0)
+        ret = mw_fill_cow(n, a, ext, head, wend);
+    if (ret == 0) {
+        ext->cookie = a;
+        return 0;
+    }
+    bi_free_aligned(ext->cow_head);
+    bi_free_aligned(ext->cow_tail);
+    ext->cow_head = ext->cow_tail = NULL;
+    if (a->allocated)
+        qc_update_refcount(n, a->host, a->nb * cs, -1);
+    free_alloc(a);
+    return ret;
+}
+
+/* Maps a write of [off, off + len) (s->lock held) to one extent from off:
+ * an overwrite in place, or an allocation whose L2 entries commit
+ * updates after the data is written. Ordering invariant for the
+ * allocation: refcounts of the new clusters first (mw_host_run), then
+ * the data with its COW head and tail, then the L2 entries, and the L1
+ * entry only for an L2 table that is itself on disk. 0 or -errno. */
 static int map_write_locked(bi_node *n, uint64_t off, uint64_t len,
                             struct bi_extent *ext)
 {
     qcow2_state *s = n->opaque;
-    uint64_t cs = s->cluster_size;
-    uint64_t end = off + len;
-    uint64_t c0 = qc_start_of_cluster(s, off);
+    uint64_t end = off + len, c0 = qc_start_of_cluster(s, off);
     void *table;
     uint64_t idx, entry, bitmap;
-    int ret;
-
-    ret = qc_get_l2_table(n, off, true, &table, &idx);
+    assert(len > 0);
+    int ret = qc_get_l2_table(n, off, true, &table, &idx);
     if (ret < 0)
         return ret;
     qc_get_l2(s, table, idx, &entry, &bitmap);
@@ -625,237 +901,31 @@ static int map_write_locked(bi_node *n, uint64_t off, uint64_t len,
         qc_cache_put(&s->l2_cache, table);
         return ret;
     }
-
-    uint64_t cend = BI_MIN(end, c0 + cs);
-    if (in_place(s, entry, bitmap, off, cend)) {
-        /* overwrite: the longest host-contiguous run of such clusters */
-        uint64_t host0 = entry_host(s, entry) + (off - c0);
-        uint64_t pos = c0 + cs;
+    if (qc_mw_in_place(s, entry, bitmap, off,
+                       BI_MIN(end, c0 + s->cluster_size))) {
         qc_cache_put(&s->l2_cache, table);
-        table = NULL;
-        uint64_t tl1 = UINT64_MAX;
-        while (pos < end && pos - off < QC_MAX_ALLOC_BYTES) {
-            uint64_t l1 = pos >> (s->l2_bits + s->cluster_bits);
-            if (l1 != tl1) {
-                if (table)
-                    qc_cache_put(&s->l2_cache, table);
-                table = NULL;
-                ret = get_l2_ro(n, pos, &table, &idx);
-                if (ret < 0)
-                    return ret;
-                tl1 = l1;
-                if (!table)
-                    break;
-            }
-            idx = (pos >> s->cluster_bits) & (s->l2_entries - 1);
-            qc_get_l2(s, table, idx, &entry, &bitmap);
-            if (!in_place(s, entry, bitmap, pos, BI_MIN(end, pos + cs)) ||
-                entry_host(s, entry) != host0 + (pos - off))
-                break;
-            pos += cs;
-        }
-        if (table)
-            qc_cache_put(&s->l2_cache, table);
-        ext->kind = BI_EXT_DATA;
-        ext->host = qc_data_node(n);
-        ext->host_offset = host0;
-        ext->len = BI_MIN(pos, end) - off;
-        bi_debug_event(n->file, BI_DBG_WRITE_AIO);
-        if (!s->data_file)
-            return qc_check_overlap(n, 0, host0, ext->len);
-        return 0;
+        return mw_overwrite(n, off, end, entry, ext);
     }
-
     struct qc_alloc *a = calloc(1, sizeof(*a));
     if (!a) {
         qc_cache_put(&s->l2_cache, table);
         return -ENOMEM;
     }
     a->guest = c0;
-
-    bool ext_partial = s->ext_l2 && (entry & QCOW_OFLAG_COPIED) &&
-                       !(entry & QCOW_OFLAG_COMPRESSED) &&
-                       (entry_host(s, entry) || qc_has_data_file(s));
-    /* a preallocated zero cluster of ours is written where it is */
-    bool reuse_zero = !s->ext_l2 && (entry & QCOW_OFLAG_COPIED) &&
-                      (entry & QCOW_OFLAG_ZERO) &&
-                      !(entry & QCOW_OFLAG_COMPRESSED) &&
-                      entry_host(s, entry) && !qc_has_data_file(s);
-    uint64_t max_nb = QC_MAX_ALLOC_BYTES / cs;
-    if (max_nb == 0)
-        max_nb = 1;
-    uint64_t nb = 1;
-    if (!ext_partial && !reuse_zero) {
-        /* extend over following clusters that need allocation too */
-        uint64_t pos = c0 + cs;
-        void *t2 = table;
-        uint64_t tl1 = c0 >> (s->l2_bits + s->cluster_bits);
-        table = NULL;
-        while (pos < end && nb < max_nb) {
-            uint64_t l1 = pos >> (s->l2_bits + s->cluster_bits);
-            if (l1 != tl1) {
-                qc_cache_put(&s->l2_cache, t2);
-                t2 = NULL;
-                ret = qc_get_l2_table(n, pos, true, &t2, &idx);
-                if (ret < 0) {
-                    free_alloc(a);
-                    return ret;
-                }
-                tl1 = l1;
-            }
-            idx = (pos >> s->cluster_bits) & (s->l2_entries - 1);
-            uint64_t e2, b2;
-            qc_get_l2(s, t2, idx, &e2, &b2);
-            if (in_place(s, e2, b2, pos, BI_MIN(end, pos + cs)))
-                break;
-            if (s->ext_l2 && (e2 & QCOW_OFLAG_COPIED) &&
-                !(e2 & QCOW_OFLAG_COMPRESSED) &&
-                (entry_host(s, e2) || qc_has_data_file(s)))
-                break; /* needs an in-place bitmap update: own extent */
-            nb++;
-            pos += cs;
-        }
-        if (t2)
-            qc_cache_put(&s->l2_cache, t2);
-    } else {
+    bool partial = qc_mw_needs_bitmap_update(s, entry);
+    bool keep = partial || qc_mw_is_own_zero(s, entry);
+    if (keep) {
         qc_cache_put(&s->l2_cache, table);
-    }
-    a->nb = nb;
-    a->old_entry = calloc(nb, 8);
-    a->old_bitmap = calloc(nb, 8);
-    if (!a->old_entry || !a->old_bitmap) {
-        free_alloc(a);
-        return -ENOMEM;
-    }
-    for (uint64_t j = 0; j < nb; j++) {
-        void *tt;
-        ret = get_l2_ro(n, c0 + j * cs, &tt, &idx);
+        a->nb = 1;
+    } else {
+        ret = mw_count_run(n, c0, end, table, &a->nb);
         if (ret < 0) {
             free_alloc(a);
             return ret;
         }
-        if (tt) {
-            qc_get_l2(s, tt, idx, &a->old_entry[j], &a->old_bitmap[j]);
-            qc_cache_put(&s->l2_cache, tt);
-            enum qcow2_sc_type tj =
-                qc_sc_type(s, a->old_entry[j], a->old_bitmap[j], 0);
-            if (tj == QC_INVALID) {
-                ret = check_entry(n, a->old_entry[j], a->old_bitmap[j], tj, idx,
-                                  c0 + j * cs);
-                free_alloc(a);
-                return ret;
-            }
-        }
     }
-
-    /* host run */
-    if (ext_partial || reuse_zero) {
-        a->host = qc_has_data_file(s) ? c0 : entry_host(s, entry);
-        a->allocated = false;
-    } else if (qc_has_data_file(s)) {
-        a->host = c0; /* guest offset == data file offset */
-        a->allocated = false;
-    } else {
-        /* freed clusters first, as QEMU reuses them */
-        int64_t h = qc_reclaim_freed(n, nb);
-        if (h == 0)
-            h = qc_alloc_clusters(n, nb);
-        if (h < 0) {
-            free_alloc(a);
-            return (int)h;
-        }
-        a->host = (uint64_t)h;
-        a->allocated = true;
-    }
-
-    /* copy-on-write head and tail */
-    uint64_t wend = BI_MIN(end, c0 + nb * cs);
-    uint64_t unit = s->ext_l2 ? s->subcluster_size : cs;
-    uint64_t head_start, tail_end;
-    uint64_t last_c = c0 + (nb - 1) * cs;
-    bool raw = s->data_file_raw;
-    if (ext_partial) {
-        /* only subclusters not yet allocated need filling */
-        head_start = bi_align_down(off, unit);
-        if ((a->old_bitmap[0] >> sc_index(s, off)) & 1)
-            head_start = off;
-        tail_end = bi_align_up(wend, unit);
-        if (tail_end > c0 + cs)
-            tail_end = c0 + cs;
-        if (wend < tail_end && ((a->old_bitmap[0] >> sc_index(s, wend)) & 1))
-            tail_end = wend;
-    } else {
-        head_start = has_old_data(s, a->old_entry[0], a->old_bitmap[0])
-                         ? c0
-                         : bi_align_down(off, unit);
-        tail_end = has_old_data(s, a->old_entry[nb - 1], a->old_bitmap[nb - 1])
-                       ? last_c + cs
-                       : bi_align_up(wend, unit);
-        if (wend < end)
-            tail_end = wend; /* the request goes on past the run */
-    }
-    if (raw) {
-        head_start = off;
-        tail_end = wend;
-    }
-    ext->kind = BI_EXT_DATA;
-    ext->host = qc_data_node(n);
-    ext->host_offset = a->host + (off - c0);
-    ext->len = wend - off;
-    ext->cow_head_len = off - head_start;
-    ext->cow_tail_len = tail_end - wend;
-    a->wstart = a->host + (head_start - c0);
-    a->wend = a->host + (tail_end - c0);
-    if (!s->data_file) {
-        ret = qc_check_overlap(n, 0, a->wstart, a->wend - a->wstart);
-        if (ret < 0)
-            goto fail;
-    }
-    /* QEMU copies (and raises cow_*) only where the copied bytes are
-     * not zeroes it can write with a zero write */
-    bool cow_events =
-        (ext->cow_head_len || ext->cow_tail_len) &&
-        (n->backing || has_old_data(s, a->old_entry[0], a->old_bitmap[0]) ||
-         has_old_data(s, a->old_entry[nb - 1], a->old_bitmap[nb - 1]));
-    if (cow_events)
-        bi_debug_event(n->file, BI_DBG_COW_READ);
-    if (ext->cow_head_len) {
-        ext->cow_head = bi_blockalign(ext->host, ext->cow_head_len);
-        if (!ext->cow_head) {
-            ret = -ENOMEM;
-            goto fail;
-        }
-        ret = fill_cow(n, head_start, ext->cow_head_len, ext->cow_head,
-                       a->old_entry[0], a->old_bitmap[0]);
-        if (ret < 0)
-            goto fail;
-    }
-    if (ext->cow_tail_len) {
-        ext->cow_tail = bi_blockalign(ext->host, ext->cow_tail_len);
-        if (!ext->cow_tail) {
-            ret = -ENOMEM;
-            goto fail;
-        }
-        ret = fill_cow(n, wend, ext->cow_tail_len, ext->cow_tail,
-                       a->old_entry[nb - 1], a->old_bitmap[nb - 1]);
-        if (ret < 0)
-            goto fail;
-    }
-    ext->cookie = a;
-    /* QEMU raises cow_write when it writes the data with the copied
-     * bytes, write_aio for the guest data alone; both here */
-    if (cow_events)
-        bi_debug_event(n->file, BI_DBG_COW_WRITE);
-    bi_debug_event(n->file, BI_DBG_WRITE_AIO);
-    return 0;
-fail:
-    bi_free_aligned(ext->cow_head);
-    bi_free_aligned(ext->cow_tail);
-    ext->cow_head = ext->cow_tail = NULL;
-    if (a->allocated)
-        qc_update_refcount(n, a->host, nb * cs, -1);
-    free_alloc(a);
-    return ret;
+    assert(a->nb >= 1);
+    return mw_allocate(n, a, off, end, entry, partial, keep, ext);
 }
 
 int qcow2_co_map(bi_node *n, uint64_t off, uint64_t len, unsigned flags,

@@ -3,6 +3,7 @@
 #include "blkimg/qcow2.h"
 #include "qcow2.h"
 #include "util/util.h"
+#include <assert.h>
 #include <endian.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -27,91 +28,230 @@ void qc_free_snapshots(qcow2_state *s)
     s->snapshots = NULL;
 }
 
-static int snap_err(bi_error *err, int code, const char *msg)
+/* QEMU's BDRV_MAX_LENGTH: no request may reach past it. */
+#define SNAP_MAX_LENGTH (INT64_MAX & ~((1LL << 30) - 1))
+#define SNAP_KNOWN_EXTRA 24 /* vm_state_size_large, disk_size, icount */
+
+/* Sets err to msg (printf-style) with code as its errno; returns code. */
+static int snap_err(bi_error *err, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int snap_err(bi_error *err, int code, const char *fmt, ...)
 {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
     return bi_error_setc(err, code, "%s", msg);
+}
+
+/* Reads len bytes of the snapshot table at off into buf, as QEMU reads
+ * it: a request reaching past QEMU's largest length fails with EIO, bytes
+ * past the end of the file (file_len) read as zeroes; how->strict (a
+ * plain open) refuses them instead. 0 or -errno (err set). */
+static int snap_pread(bi_node *n, const struct qc_snap_read *how,
+                      uint64_t file_len, uint64_t off, void *buf, uint64_t len,
+                      bi_error *err)
+{
+    if (off > (uint64_t)SNAP_MAX_LENGTH - len)
+        return snap_err(err, -EIO, "Failed to read snapshot table: %s",
+                        strerror(EIO));
+    if (len == 0)
+        return 0;
+    if (how->strict && (off > file_len || file_len - off < len))
+        return snap_err(err, -EINVAL, "Snapshot table exceeds the file");
+    uint64_t have = off >= file_len ? 0 : BI_MIN(len, file_len - off);
+    memset((uint8_t *)buf + have, 0, len - have);
+    int ret = have ? bi_co_pread(n->file, off, buf, have) : 0;
+    if (ret < 0)
+        return snap_err(err, ret, "Failed to read snapshot table: %s",
+                        strerror(-ret));
+    return 0;
+}
+
+/* The fixed 40-byte part of entry i at *off (8-aligned by the caller);
+ * *off moves past it. Returns the id and name lengths in *id_len and
+ * *name_len. 0 or -errno. */
+static int snap_read_head(bi_node *n, const struct qc_snap_read *how,
+                          uint64_t file_len, uint64_t *off,
+                          struct qcow2_snapshot *sn, uint16_t *id_len,
+                          uint16_t *name_len, bi_error *err)
+{
+    uint8_t h[40];
+    int ret = snap_pread(n, how, file_len, *off, h, sizeof(h), err);
+    if (ret < 0)
+        return ret;
+    *off += sizeof(h);
+    sn->l1_table_offset = qc_get64(h);
+    sn->l1_size = qc_get32(h + 8);
+    *id_len = qc_get16(h + 12);
+    *name_len = qc_get16(h + 14);
+    sn->date_sec = qc_get32(h + 16);
+    sn->date_nsec = qc_get32(h + 20);
+    sn->vm_clock_nsec = qc_get64(h + 24);
+    sn->vm_state_size = qc_get32(h + 32);
+    sn->extra_data_size = qc_get32(h + 36);
+    return 0;
+}
+
+/* The extra data of entry i at *off: the fields blkimg knows, then the
+ * rest kept as it is. Too much extra data fails the read, or with
+ * how->repair is cut to QEMU's maximum (counted in how->extra_dropped).
+ * *off moves past all of it. 0 or -errno. */
+static int snap_read_extra(bi_node *n, struct qc_snap_read *how,
+                           uint64_t file_len, uint64_t *off, uint32_t i,
+                           struct qcow2_snapshot *sn, bi_error *err)
+{
+    bool cut = false;
+    if (sn->extra_data_size > QCOW2_MAX_SNAPSHOT_EXTRA) {
+        if (!how->repair)
+            return snap_err(err, -EFBIG,
+                            "Too much extra metadata in snapshot table "
+                            "entry %" PRIu32 "%s",
+                            i,
+                            how->strict ? ""
+                                        : "\nYou can force-remove this "
+                                          "extra metadata with qemu-img "
+                                          "check -r all");
+        bi_message(BI_MESSAGE_CHECK,
+                   "Discarding too much extra metadata in snapshot table "
+                   "entry %" PRIu32 " (%" PRIu32 " > %u)",
+                   i, sn->extra_data_size, QCOW2_MAX_SNAPSHOT_EXTRA);
+        how->extra_dropped++;
+        cut = true;
+    }
+    uint8_t known[SNAP_KNOWN_EXTRA];
+    uint32_t nk = BI_MIN(sn->extra_data_size, (uint32_t)sizeof(known));
+    int ret = snap_pread(n, how, file_len, *off, known, nk, err);
+    if (ret < 0)
+        return ret;
+    *off += nk;
+    if (nk >= 8)
+        sn->vm_state_size = qc_get64(known);
+    sn->disk_size = nk >= 16 ? qc_get64(known + 8) : n->size;
+    sn->has_icount = nk >= 24 && qc_get64(known + 16) != UINT64_MAX;
+    sn->icount = sn->has_icount ? qc_get64(known + 16) : 0;
+    if (sn->extra_data_size <= sizeof(known))
+        return 0;
+    uint64_t end = *off + sn->extra_data_size - sizeof(known);
+    if (cut)
+        sn->extra_data_size = QCOW2_MAX_SNAPSHOT_EXTRA;
+    sn->unknown_extra_len = sn->extra_data_size - (uint32_t)sizeof(known);
+    sn->unknown_extra = malloc(sn->unknown_extra_len);
+    if (!sn->unknown_extra)
+        return -ENOMEM;
+    ret = snap_pread(n, how, file_len, *off, sn->unknown_extra,
+                     sn->unknown_extra_len, err);
+    *off = end;
+    return ret;
+}
+
+/* Reads len bytes at *off as a string of its own (NUL added) into *out;
+ * *off moves past them. 0 or -errno. */
+static int snap_read_str(bi_node *n, const struct qc_snap_read *how,
+                         uint64_t file_len, uint64_t *off, uint16_t len,
+                         char **out, bi_error *err)
+{
+    *out = malloc((size_t)len + 1);
+    if (!*out)
+        return -ENOMEM;
+    (*out)[len] = 0;
+    int ret = snap_pread(n, how, file_len, *off, *out, len, err);
+    *off += len;
+    return ret;
+}
+
+/* Frees what entry sn holds and clears it. */
+static void snap_free_one(struct qcow2_snapshot *sn)
+{
+    free(sn->id_str);
+    free(sn->name);
+    free(sn->unknown_extra);
+    memset(sn, 0, sizeof(*sn));
+}
+
+/* Reads entry i at *off (QEMU's qcow2_do_read_snapshots, one turn of its
+ * loop). *tlen is the table's length as the entries declare it. 1 when
+ * how->repair dropped this entry and the ones after it (the table is too
+ * big), 0 when read, -errno on failure (err set). */
+static int snap_read_one(bi_node *n, struct qc_snap_read *how,
+                         uint64_t file_len, uint64_t *off, uint64_t *tlen,
+                         uint32_t i, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    struct qcow2_snapshot *sn = &s->snapshots[i];
+    uint64_t pre = *off;
+    uint16_t id_len, name_len;
+    *tlen = bi_align_up(*tlen, 8);
+    *off = bi_align_up(*off, 8);
+    int ret =
+        snap_read_head(n, how, file_len, off, sn, &id_len, &name_len, err);
+    if (ret == 0)
+        ret = snap_read_extra(n, how, file_len, off, i, sn, err);
+    if (ret == 0)
+        ret = snap_read_str(n, how, file_len, off, id_len, &sn->id_str, err);
+    if (ret == 0)
+        ret = snap_read_str(n, how, file_len, off, name_len, &sn->name, err);
+    if (ret < 0)
+        return ret;
+    *tlen += 40 + (uint64_t)sn->extra_data_size + id_len + name_len;
+    if (*tlen > QCOW2_MAX_SNAPSHOTS_SIZE ||
+        *off - s->snapshots_offset > INT32_MAX) {
+        uint32_t left = s->nb_snapshots - i;
+        if (!how->repair && how->strict)
+            return snap_err(err, -EFBIG, "Snapshot table is too big");
+        if (!how->repair)
+            return snap_err(err, -EFBIG,
+                            "Snapshot table is too big\nYou can "
+                            "force-remove all %" PRIu32 " overhanging "
+                            "snapshots with qemu-img check -r all",
+                            left);
+        bi_message(BI_MESSAGE_CHECK,
+                   "Discarding %" PRIu32 " overhanging snapshots (snapshot "
+                   "table is too big)",
+                   left);
+        how->reduced += left;
+        snap_free_one(sn);
+        s->nb_snapshots = i;
+        *off = pre;
+        return 1;
+    }
+    if (how->strict && (uint64_t)sn->l1_size > QCOW2_MAX_L1_BYTES / 8)
+        return snap_err(err, -EFBIG, "Snapshot L1 table too large");
+    return 0;
+}
+
+int qc_read_snapshot_table(bi_node *n, struct qc_snap_read *how, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t off = s->snapshots_offset, tlen = 0;
+    assert(!s->snapshots);
+    s->snapshots_size = 0;
+    if (!s->nb_snapshots)
+        return 0;
+    int64_t flen = bi_getlength(n->file);
+    if (flen < 0)
+        return snap_err(err, (int)flen, "Failed to read snapshot table: %s",
+                        strerror((int)-flen));
+    s->snapshots = calloc(s->nb_snapshots, sizeof(*s->snapshots));
+    if (!s->snapshots)
+        return -ENOMEM;
+    int ret = 0;
+    for (uint32_t i = 0; i < s->nb_snapshots && ret == 0; i++)
+        ret = snap_read_one(n, how, (uint64_t)flen, &off, &tlen, i, err);
+    if (ret < 0) {
+        qc_free_snapshots(s);
+        return ret;
+    }
+    assert(off - s->snapshots_offset <= INT32_MAX);
+    s->snapshots_size = off - s->snapshots_offset;
+    return 0;
 }
 
 int qc_read_snapshots(bi_node *n, bi_error *err)
 {
-    qcow2_state *s = n->opaque;
-    uint64_t off = s->snapshots_offset;
-    int ret;
-
-    s->snapshots_size = 0;
-    if (!s->nb_snapshots)
-        return 0;
-    s->snapshots = calloc(s->nb_snapshots, sizeof(*s->snapshots));
-    if (!s->snapshots)
-        return -ENOMEM;
-    for (uint32_t i = 0; i < s->nb_snapshots; i++) {
-        struct qcow2_snapshot *sn = &s->snapshots[i];
-        uint8_t h[40];
-        if (off > s->file_size || s->file_size - off < sizeof(h))
-            return snap_err(err, -EINVAL, "Snapshot table exceeds the file");
-        ret = bi_co_pread(n->file, off, h, sizeof(h));
-        if (ret < 0)
-            return snap_err(err, ret, "Failed to read snapshot table");
-        off += sizeof(h);
-        sn->l1_table_offset = qc_get64(h);
-        sn->l1_size = qc_get32(h + 8);
-        uint16_t id_len = qc_get16(h + 12), name_len = qc_get16(h + 14);
-        sn->date_sec = qc_get32(h + 16);
-        sn->date_nsec = qc_get32(h + 20);
-        sn->vm_clock_nsec = qc_get64(h + 24);
-        sn->vm_state_size = qc_get32(h + 32);
-        sn->extra_data_size = qc_get32(h + 36);
-        if (sn->extra_data_size > QCOW2_MAX_SNAPSHOT_EXTRA)
-            return snap_err(err, -EFBIG,
-                            "Too much extra metadata in "
-                            "snapshot table entry");
-        uint64_t var = (uint64_t)sn->extra_data_size + id_len + name_len;
-        if (off > s->file_size || s->file_size - off < var)
-            return snap_err(err, -EINVAL, "Snapshot table exceeds the file");
-        uint8_t *v = malloc(var + 1);
-        if (!v)
-            return -ENOMEM;
-        ret = var ? bi_co_pread(n->file, off, v, var) : 0;
-        if (ret < 0) {
-            free(v);
-            return snap_err(err, ret, "Failed to read snapshot table");
-        }
-        uint32_t ex = sn->extra_data_size;
-        if (ex >= 8)
-            sn->vm_state_size = qc_get64(v);
-        sn->disk_size = ex >= 16 ? qc_get64(v + 8) : n->size;
-        if (ex >= 24) {
-            sn->has_icount = true;
-            sn->icount = qc_get64(v + 16);
-            if (sn->icount == UINT64_MAX)
-                sn->has_icount = false;
-        }
-        if (ex > 24) {
-            sn->unknown_extra_len = ex - 24;
-            sn->unknown_extra = malloc(ex - 24);
-            if (sn->unknown_extra)
-                memcpy(sn->unknown_extra, v + 24, ex - 24);
-        }
-        sn->id_str = malloc((size_t)id_len + 1);
-        sn->name = malloc((size_t)name_len + 1);
-        if (!sn->id_str || !sn->name) {
-            free(v);
-            return -ENOMEM;
-        }
-        memcpy(sn->id_str, v + ex, id_len);
-        sn->id_str[id_len] = 0;
-        memcpy(sn->name, v + ex + id_len, name_len);
-        sn->name[name_len] = 0;
-        free(v);
-        off += var;
-        off = bi_align_up(off, 8);
-        if (off - s->snapshots_offset > QCOW2_MAX_SNAPSHOTS_SIZE)
-            return snap_err(err, -EFBIG, "Snapshot table is too big");
-        if ((uint64_t)sn->l1_size > QCOW2_MAX_L1_BYTES / 8)
-            return snap_err(err, -EFBIG, "Snapshot L1 table too large");
-    }
-    s->snapshots_size = off - s->snapshots_offset;
-    return 0;
+    struct qc_snap_read how = {.strict = true};
+    return qc_read_snapshot_table(n, &how, err);
 }
 
 /* ------------------------------------------------ create, apply, delete */
@@ -124,10 +264,10 @@ static int write_snapshot_table(bi_node *n, struct qcow2_snapshot *sns,
     qcow2_state *s = n->opaque;
     uint64_t size = 0;
     int ret;
+    /* QEMU's size: each entry 8-aligned, no padding after the last */
     for (uint32_t i = 0; i < nb; i++)
-        size += bi_align_up(40 + 24 + sns[i].unknown_extra_len +
-                                strlen(sns[i].id_str) + strlen(sns[i].name),
-                            8);
+        size = bi_align_up(size, 8) + 40 + 24 + sns[i].unknown_extra_len +
+               strlen(sns[i].id_str) + strlen(sns[i].name);
     if (size > QCOW2_MAX_SNAPSHOTS_SIZE)
         return -EFBIG;
     uint64_t off = 0;
@@ -198,9 +338,15 @@ static int write_snapshot_table(bi_node *n, struct qcow2_snapshot *sns,
     uint64_t old_off = s->snapshots_offset, old_size = s->snapshots_size;
     s->snapshots_offset = off;
     s->snapshots_size = size;
-    if (old_size)
+    /* the new table is in force: failing to free the old one only leaks
+     * (QEMU's qcow2_free_clusters reports it and goes on) */
+    if (old_size) {
         ret = qc_update_refcount(n, old_off, old_size, -1);
-    return ret;
+        if (ret < 0)
+            bi_message(BI_MESSAGE_WARNING, "qcow2_free_clusters failed: %s",
+                       strerror(-ret));
+    }
+    return 0;
 }
 
 /* Adds addend to the refcounts of everything an L1 table references and

@@ -149,11 +149,8 @@ uint64_t vhdx_calc_bat_entries(uint64_t vsize, uint32_t block_size,
  * same prefix again, as qemu-img prints it); returns code. */
 static int fail_named(bi_node *n, bi_error *err, int code)
 {
-    bi_error_set(err, 0, "Could not open '%s': %s",
-                 n->filename ? n->filename : "", strerror(-code));
-    if (err)
-        err->code = code;
-    return code;
+    return bi_error_setc(err, code, "Could not open '%s': %s",
+                         n->filename ? n->filename : "", strerror(-code));
 }
 
 /* ------------------------------------------------------------- headers */
@@ -181,10 +178,7 @@ static int read_headers(bi_node *n, vhdx_state *s, bi_error *err)
             return fail_named(n, err, -ENOMEM);
         int ret = bi_co_pread(n->file, at[i], s->hdr[i], VHDX_HEADER_SIZE);
         if (ret < 0) {
-            bi_error_set(err, 0, "No valid VHDX header found");
-            if (err)
-                err->code = ret;
-            return ret;
+            return bi_error_setc(err, ret, "No valid VHDX header found");
         }
         valid[i] = header_valid(s->hdr[i]);
     }
@@ -333,11 +327,9 @@ static int parse_items(bi_node *n, vhdx_state *s, const uint8_t *table,
     if (bits & 2) {
         if (!ent[5])
             return fail_named(n, err, -EINVAL);
-        bi_error_set(err, 0,
-                     "differencing VHDX images (parent locator) are "
-                     "not supported");
-        err->code = -ENOTSUP;
-        return -ENOTSUP;
+        return bi_error_setc(err, -ENOTSUP,
+                             "differencing VHDX images (parent locator) are "
+                             "not supported");
     }
     s->vsize = vhdx_ld64(vs);
     s->lss = bi_ld_le32(ls);

@@ -248,23 +248,19 @@ int vhdx_co_replay_log(bi_node *n, bool *replayed, bi_error *err)
         search(&l, &first, &count);
     if (ret == 0 && count && n->read_only) {
         /* QEMU's message and the hint qemu-img prints after it */
-        bi_error_set(err, 0,
-                     "VHDX image file '%s' opened read-only, but contains a "
-                     "log that needs to be replayed\nTo replay the log, "
-                     "run:\nqemu-img check -r all '%s'",
-                     n->file->filename, n->file->filename);
-        if (err)
-            err->code = -EPERM;
-        ret = -EPERM;
+        ret = bi_error_setc(err, -EPERM,
+                            "VHDX image file '%s' opened read-only, but "
+                            "contains a log that needs to be replayed\nTo "
+                            "replay the log, run:\nqemu-img check -r all '%s'",
+                            n->file->filename, n->file->filename);
     } else if (ret == 0 && count) {
         ret = replay(n, &l, first, count);
         *replayed = ret == 0;
     }
     bi_free_aligned(buf);
     if (ret < 0 && err && !err->msg[0]) {
-        bi_error_set(err, 0, "Could not open '%s': %s",
-                     n->filename ? n->filename : "", strerror(-ret));
-        err->code = ret;
+        bi_error_setc(err, ret, "Could not open '%s': %s",
+                      n->filename ? n->filename : "", strerror(-ret));
     }
     return ret;
 }
