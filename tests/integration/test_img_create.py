@@ -153,7 +153,7 @@ def test_create_backing_chain(qemu_img, blkimg, tmp_path):
 
 
 def test_create_refuses_object(blkimg, tmp_path):
-    cp = run([blkimg, "create", "--object", "secret,id=s0,data=x",
+    cp = run([blkimg, "create", "--object", "throttle-group,id=t0",
               tmp_path / "x.raw", "1M"])
     assert cp.returncode == 1
     assert cp.stderr == "blkimg: --object is not supported\n"

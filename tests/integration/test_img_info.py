@@ -160,7 +160,7 @@ def test_info_json_parses_and_matches(blkimg, imgs):
 
 
 def test_info_refuses_object(blkimg, imgs):
-    cp = run([blkimg, "info", "--object", "secret,id=s,data=x", "a.raw"],
+    cp = run([blkimg, "info", "--object", "throttle-group,id=t", "a.raw"],
              cwd=imgs)
     assert (cp.returncode, cp.stdout) == (1, "")
     assert cp.stderr == "blkimg: --object is not supported\n"

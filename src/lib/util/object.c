@@ -7,6 +7,7 @@
 #include "util/object.h"
 #include "blkimg/blkimg.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,24 @@
 
 static struct bi_object objects[MAX_OBJECTS];
 static int n_objects;
+
+#define MAX_TYPES 4
+static const struct bi_object_type *reg_types[MAX_TYPES];
+static int n_types;
+
+void bi_object_type_register(const struct bi_object_type *t)
+{
+    assert(n_types < MAX_TYPES);
+    reg_types[n_types++] = t;
+}
+
+static const struct bi_object_type *registered_type(const char *name)
+{
+    for (int i = 0; i < n_types; i++)
+        if (!strcmp(reg_types[i]->name, name))
+            return reg_types[i];
+    return NULL;
+}
 
 const struct bi_object *bi_object_find(const char *id)
 {
@@ -53,7 +72,6 @@ int bi_parse_bool(const char *v)
 static bool qemu_type(const char *type)
 {
     static const char *const types[] = {
-        "secret",
         "secret_keyring",
         "throttle-group",
         "iothread",
@@ -172,7 +190,9 @@ int bi_object_add(const char *def, bi_error *err)
     int ret = -EINVAL;
 
     if (bi_optlist_parse(&l, def) < 0 || l.n == 0) {
-        bi_error_set(err, 0, "Invalid object definition: %s", def);
+        /* never echo a secret's data */
+        bi_error_set(err, 0, "Invalid object definition: %s",
+                     strstr(def, "data=") ? "<redacted>" : def);
         goto fail;
     }
     /* "TYPE,k=v...": the first bare item is the type */
@@ -181,7 +201,9 @@ int bi_object_add(const char *def, bi_error *err)
         bi_error_set(err, 0, "Parameter 'qom-type' is missing");
         goto fail;
     }
-    if (strcmp(type, "tls-creds-psk") && strcmp(type, "tls-creds-x509")) {
+    const struct bi_object_type *rt = registered_type(type);
+    if (!rt && strcmp(type, "tls-creds-psk") &&
+        strcmp(type, "tls-creds-x509")) {
         if (qemu_type(type)) {
             bi_error_set(err, 0, "Object type '%s' is not supported by blkimg",
                          type);
@@ -199,7 +221,11 @@ int bi_object_add(const char *def, bi_error *err)
         goto fail;
     }
     for (int i = l.v[0].value ? 0 : 1; i < l.n; i++) {
-        if (!prop_known(type, l.v[i].key)) {
+        const char *k = l.v[i].key;
+        bool known =
+            rt ? !strcmp(k, "id") || !strcmp(k, "qom-type") || rt->prop_known(k)
+               : prop_known(type, k);
+        if (!known) {
             bi_error_set(err, 0, "Parameter '%s' is unexpected", l.v[i].key);
             goto fail;
         }
@@ -211,21 +237,32 @@ int bi_object_add(const char *def, bi_error *err)
                      id);
         goto fail;
     }
-    ret = check_creds(type, &l, err);
-    if (ret < 0) {
-        goto fail;
-    }
     if (n_objects == MAX_OBJECTS) {
         bi_error_set(err, 0, "Too many objects");
         ret = -ENOSPC;
         goto fail;
     }
-    objects[n_objects].type = bi_xstrdup(type);
-    objects[n_objects].id = bi_xstrdup(id);
-    objects[n_objects].props = l;
+    struct bi_object *o = &objects[n_objects];
+    memset(o, 0, sizeof(*o));
+    o->props = l;
+    if (rt) {
+        ret = rt->complete(o, err);
+    } else {
+        ret = check_creds(type, &l, err);
+    }
+    if (ret < 0) {
+        memset(&o->props, 0, sizeof(o->props));
+        goto fail;
+    }
+    o->type = bi_xstrdup(type);
+    o->id = bi_xstrdup(id);
     n_objects++;
     return 0;
 fail:
+    /* secrets' data: no copy left behind */
+    for (int i = 0; i < l.n; i++)
+        if (l.v[i].value)
+            explicit_bzero(l.v[i].value, strlen(l.v[i].value));
     bi_optlist_free(&l);
     return ret;
 }

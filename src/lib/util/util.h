@@ -78,6 +78,16 @@ static inline uint32_t bi_ld_le32(const void *p)
     memcpy(&v, p, sizeof(v));
     return le32toh(v);
 }
+static inline void bi_st_le32(void *p, uint32_t v)
+{
+    v = htole32(v);
+    memcpy(p, &v, sizeof(v));
+}
+static inline void bi_st_le64(void *p, uint64_t v)
+{
+    v = htole64(v);
+    memcpy(p, &v, sizeof(v));
+}
 
 /* True if every iov base and length meets mem/len alignment. */
 bool bi_iov_aligned(const struct iovec *iov, int iovcnt, uint64_t mem_align,
