@@ -58,6 +58,12 @@ http {{
         location = /moved.qcow2 {{ return 302 /a.qcow2; }}
         # slow: a copy is still running when the server dies
         location /slow/ {{ alias {www}/; limit_rate 1m; }}
+        # basic authentication (user "ann", password "pw-of-ann")
+        location /auth/ {{ alias {www}/; auth_basic "images";
+                          auth_basic_user_file {d}/htpasswd; }}
+        # a session cookie
+        location /cookie/ {{ alias {www}/;
+            if ($cookie_session != "c00kie") {{ return 403; }} }}
     }}
     server {{
         listen 127.0.0.1:{tls_port} ssl;
@@ -99,6 +105,7 @@ class Server:
              "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2",
              "-subj", "/CN=127.0.0.1", "-keyout", str(d / "key.pem"),
              "-out", str(d / "cert.pem")], check=True, capture_output=True)
+        (d / "htpasswd").write_text("ann:{PLAIN}pw-of-ann\n")
         user = "user root root;" if os.geteuid() == 0 else ""
         (d / "nginx.conf").write_text(NGINX_CONF.format(
             d=d, www=www, port=self.port, tls_port=self.tls_port, user=user))
@@ -338,6 +345,48 @@ def test_open_errors_match_qemu(run, blkimg, qemu_img, server):
         assert b.returncode == 1 and len(b.stderr.splitlines()) == 1, args
     assert "Server does not support 'range' (byte ranges)." in \
         run(blkimg, "info", server.url("norange/odd.raw")).stderr
+
+
+def test_secrets(run, blkimg, qemu_img, server, tmp_path):
+    """password-secret and cookie-secret name secret objects (from data=
+    or file=), as QEMU's curl driver takes them: with them both tools read
+    the protected images alike; with a wrong one both fail alike."""
+    pw = tmp_path / "pw"
+    pw.write_text("pw-of-ann")
+    auth = ("driver=http,url=%s,username=ann,password-secret=s0" %
+            server.url("auth/odd.raw"))
+    cookie = ("driver=http,url=%s,cookie-secret=c0" %
+              server.url("cookie/odd.raw"))
+    good = [["--object", "secret,id=s0,file=%s" % pw, "--image-opts", auth],
+            ["--object", "secret,id=s0,data=pw-of-ann", "--image-opts",
+             auth],
+            ["--object", "secret,id=c0,data=session=c00kie",
+             "--image-opts", cookie],
+            # no proxy is set: libcurl does not use the proxy's credentials
+            ["--object", "secret,id=p0,data=x", "--image-opts",
+             "driver=http,url=%s,proxy-username=u,proxy-password-secret=p0"
+             % server.url("odd.raw")]]
+    for args in good:
+        b, q = both(run, blkimg, qemu_img, "info", *args)
+        assert b.returncode == q.returncode == 0, msg(b) + msg(q)
+        assert b.stdout == q.stdout
+        assert "virtual size: 3.07 MiB" in b.stdout
+    outs = [tmp_path / "b.raw", tmp_path / "q.raw"]
+    for tool, out in zip((blkimg, qemu_img), outs):
+        run(tool, "convert", "-O", "raw", *good[0][:2], "--image-opts",
+            auth, out, check=True)
+    src = (server.www / "odd.raw").read_bytes()
+    assert outs[0].read_bytes() == outs[1].read_bytes()
+    assert outs[0].read_bytes()[:len(src)] == src
+    bad = [["--object", "secret,id=s0,data=wrong", "--image-opts", auth],
+           ["--object", "secret,id=c0,data=session=stale", "--image-opts",
+            cookie],
+           ["--object", "secret,id=s1,data=x", "--image-opts", auth]]
+    for args in bad:
+        b, q = both(run, blkimg, qemu_img, "info", *args)
+        assert (b.returncode, msg(b)) == (q.returncode, msg(q)), args
+        assert b.returncode == 1 and len(b.stderr.splitlines()) == 1
+        assert "pw-of-ann" not in b.stderr
 
 
 def test_writes_refused(run, blkimg_io, qemu_io, server):

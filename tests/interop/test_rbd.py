@@ -246,6 +246,25 @@ def test_errors(run, blkimg, qemu_img, ceph):
                         "file or directory\n")
 
 
+def test_key_secret(run, blkimg, qemu_img, ceph, shared_img):
+    """key-secret names a secret object whose bytes librados gets as the
+    key, in base64, as QEMU hands them over (the test cluster runs without
+    cephx, so any key is taken); a secret that is not defined, or is not
+    a secret, is refused in qemu-img's words."""
+    key = "AQBzNnZlAAAAABAAyH5Zx3Xc9S2Jm3tUOn3A0w=="
+    opts = "driver=rbd,pool=rbd,image=%s,key-secret=sec0" % shared_img
+    for obj in ("secret,id=sec0,data=" + key,
+                "secret,id=sec0,format=base64,data=" + key.rstrip("=")):
+        out = same(run, blkimg, qemu_img, "info", "--object", obj,
+                   "--image-opts", opts)
+        assert "virtual size: " in out
+    for objs in ([], ["--object", "secret,id=other,data=x"],
+                 ["--object", "tls-creds-psk,id=sec0,dir=/nonexistent,"
+                  "endpoint=client"]):
+        same(run, blkimg, qemu_img, "info", *objs, "--image-opts", opts,
+             rc=1)
+
+
 def test_cluster_down(run, blkimg, qemu_img, ceph):
     spec = "rbd:rbd/x:mon_host=127.0.0.1\\:1:client_mount_timeout=2"
     t = time.monotonic()

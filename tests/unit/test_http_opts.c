@@ -86,7 +86,7 @@ static void test_errors(void)
            "Block protocol 'http' doesn't support the option 'bogus'",
            "unknown key");
     is_str(with("password-secret=s0"), "No secret with id 's0'",
-           "no secrets: as QEMU without the object");
+           "an undefined secret, in QEMU's words");
     is_str(with("proxy-password-secret=p0"), "No secret with id 'p0'",
            "proxy secret too");
     is_str(with("cookie-secret=c0"), "No secret with id 'c0'",

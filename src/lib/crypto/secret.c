@@ -17,6 +17,28 @@
 
 /* --------------------------------------------------------------- base64 */
 
+static const char b64_alphabet[] =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+char *bi_base64_encode(const uint8_t *in, size_t len)
+{
+    char *out = bi_xmalloc((len + 2) / 3 * 4 + 1), *o = out;
+
+    for (size_t i = 0; i < len; i += 3) {
+        uint32_t v = (uint32_t)in[i] << 16;
+        if (i + 1 < len)
+            v |= (uint32_t)in[i + 1] << 8;
+        if (i + 2 < len)
+            v |= in[i + 2];
+        *o++ = b64_alphabet[v >> 18];
+        *o++ = b64_alphabet[(v >> 12) & 63];
+        *o++ = i + 1 < len ? b64_alphabet[(v >> 6) & 63] : '=';
+        *o++ = i + 2 < len ? b64_alphabet[v & 63] : '=';
+    }
+    *o = 0;
+    return out;
+}
+
 static int b64_value(char c)
 {
     if (c >= 'A' && c <= 'Z')
@@ -281,17 +303,23 @@ __attribute__((constructor)) static void secret_register(void)
 
 /* ---------------------------------------------------------------- lookup */
 
+/* A copy of len bytes (and a NUL) that bi_secret_free can wipe: a length
+ * prefix tells it exactly how much it gave. */
+static uint8_t *secret_copy(const void *data, size_t len)
+{
+    uint8_t *p = bi_xmalloc(sizeof(size_t) + len + 1);
+    memcpy(p, &len, sizeof(size_t));
+    memcpy(p + sizeof(size_t), data, len);
+    p[sizeof(size_t) + len] = 0;
+    return p + sizeof(size_t);
+}
+
 int bi_secret_lookup(const char *id, uint8_t **out, size_t *len, bi_error *err)
 {
     const struct bi_object *o = find_secret(id, err);
     if (!o)
         return bi_object_find(id) ? -EINVAL : -ENOENT;
-    /* a length prefix lets bi_secret_free wipe exactly what it gave */
-    uint8_t *p = bi_xmalloc(sizeof(size_t) + o->data_len + 1);
-    memcpy(p, &o->data_len, sizeof(size_t));
-    memcpy(p + sizeof(size_t), o->data, o->data_len);
-    p[sizeof(size_t) + o->data_len] = 0;
-    *out = p + sizeof(size_t);
+    *out = secret_copy(o->data, o->data_len);
     *len = o->data_len;
     return 0;
 }
@@ -334,6 +362,23 @@ int bi_secret_lookup_utf8(const char *id, char **out, bi_error *err)
     }
     *out = (char *)p;
     return 0;
+}
+
+int bi_secret_lookup_base64(const char *id, char **out, bi_error *err)
+{
+    uint8_t *data;
+    size_t len;
+    int ret = bi_secret_lookup(id, &data, &len, err);
+
+    if (ret == 0) {
+        char *text = bi_base64_encode(data, len);
+        size_t n = strlen(text);
+        *out = (char *)secret_copy(text, n);
+        explicit_bzero(text, n);
+        free(text);
+        bi_secret_free(data);
+    }
+    return ret;
 }
 
 void bi_secret_free(void *p)

@@ -19,9 +19,14 @@
 int bi_secret_lookup(const char *id, uint8_t **out, size_t *len, bi_error *err);
 /* The same as a passphrase: valid UTF-8 (QEMU's words when not). */
 int bi_secret_lookup_utf8(const char *id, char **out, bi_error *err);
+/* The same in base64 (librados takes its key so), malloc'd: free it with
+ * bi_secret_free. */
+int bi_secret_lookup_base64(const char *id, char **out, bi_error *err);
 /* Wipes and frees what a lookup returned (NULL: nothing). */
 void bi_secret_free(void *p);
 
+/* Standard base64 with padding, NUL-terminated, malloc'd. */
+char *bi_base64_encode(const uint8_t *in, size_t len);
 /* Base64 as QEMU's qbase64_decode takes it: *out malloc'd. 0 or -EINVAL
  * with err set. */
 int bi_base64_decode(const char *in, size_t inlen, uint8_t **out,

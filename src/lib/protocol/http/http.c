@@ -71,14 +71,21 @@ static CURL *easy_new(const struct http_state *s)
     curl_easy_setopt(e, CURLOPT_URL, c->url);
     curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, (long)c->sslverify);
     curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, c->sslverify ? 2L : 0L);
-    if (c->cookie) {
-        curl_easy_setopt(e, CURLOPT_COOKIE, c->cookie);
+    if (c->cookie || c->cookie_secret) {
+        curl_easy_setopt(e, CURLOPT_COOKIE,
+                         c->cookie ? c->cookie : c->cookie_secret);
     }
     if (c->username) {
         curl_easy_setopt(e, CURLOPT_USERNAME, c->username);
     }
+    if (c->password) {
+        curl_easy_setopt(e, CURLOPT_PASSWORD, c->password);
+    }
     if (c->proxy_username) {
         curl_easy_setopt(e, CURLOPT_PROXYUSERNAME, c->proxy_username);
+    }
+    if (c->proxy_password) {
+        curl_easy_setopt(e, CURLOPT_PROXYPASSWORD, c->proxy_password);
     }
     if (c->timeout) {
         curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, c->timeout);

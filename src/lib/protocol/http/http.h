@@ -9,8 +9,8 @@
  * and checked; reads fetch exactly what is asked), timeout (seconds, default
  * 5: connecting, a stalled transfer, and the time failed reads are retried
  * for), sslverify (default on), cookie, username, proxy-username, and
- * cookie-secret, password-secret, proxy-password-secret (refused: blkimg's
- * --object has no secrets).
+ * cookie-secret, password-secret, proxy-password-secret (ids of secret
+ * objects, read as UTF-8 text when the node opens).
  */
 #ifndef BI_PROTOCOL_HTTP_H
 #define BI_PROTOCOL_HTTP_H
@@ -42,6 +42,8 @@ struct http_conf {
      * by its URL. */
     bi_value *name;
     char *cookie, *username, *proxy_username;
+    /* From secret objects (bi_secret_free wipes them), or NULL. */
+    char *cookie_secret, *password, *proxy_password;
 };
 
 /* Reads the options of an open of driver proto ("http", "https") into c

@@ -3,6 +3,7 @@
  * Options of the http and https drivers: QEMU 7.2's curl driver's keys,
  * checked in its order and refused in its words. Pure string work.
  */
+#include "crypto/secret.h"
 #include "protocol/http/http.h"
 #include "util/object.h"
 
@@ -53,14 +54,6 @@ int bi_http_parse_filename(const char *filename, struct bi_optlist *l,
     }
     push(l, "url", 3, filename);
     return 0;
-}
-
-/* A secret named by id: blkimg's --object has none, so every id is one
- * QEMU would not find either (its words). */
-static int no_secret(const char *id, bi_error *err)
-{
-    bi_error_set(err, 0, "No secret with id '%s'", id);
-    return -EINVAL;
 }
 
 static int check_keys(const char *proto, const struct bi_optlist *l,
@@ -136,8 +129,8 @@ static int parse_strings(const char *proto, const struct bi_optlist *l,
                      "curl driver cannot handle both cookie and cookie secret");
         return -EINVAL;
     }
-    if (v) {
-        return no_secret(v, err);
+    if (v && bi_secret_lookup_utf8(v, &c->cookie_secret, err) < 0) {
+        return -EINVAL;
     }
     v = bi_optlist_get(l, "url");
     if (!v) {
@@ -156,14 +149,16 @@ static int parse_strings(const char *proto, const struct bi_optlist *l,
     if ((v = bi_optlist_get(l, "username"))) {
         c->username = bi_xstrdup(v);
     }
-    if ((v = bi_optlist_get(l, "password-secret"))) {
-        return no_secret(v, err);
+    if ((v = bi_optlist_get(l, "password-secret")) &&
+        bi_secret_lookup_utf8(v, &c->password, err) < 0) {
+        return -EINVAL;
     }
     if ((v = bi_optlist_get(l, "proxy-username"))) {
         c->proxy_username = bi_xstrdup(v);
     }
-    if ((v = bi_optlist_get(l, "proxy-password-secret"))) {
-        return no_secret(v, err);
+    if ((v = bi_optlist_get(l, "proxy-password-secret")) &&
+        bi_secret_lookup_utf8(v, &c->proxy_password, err) < 0) {
+        return -EINVAL;
     }
     return 0;
 }
@@ -173,8 +168,14 @@ static int parse_strings(const char *proto, const struct bi_optlist *l,
  * (readahead and timeout do not count). */
 static bi_value *name_opts(const char *proto, const struct bi_optlist *l)
 {
-    static const char *const strong[] = {"url", "sslverify", "cookie",
-                                         "username", "proxy-username"};
+    static const char *const strong[] = {"url",
+                                         "sslverify",
+                                         "cookie",
+                                         "cookie-secret",
+                                         "username",
+                                         "password-secret",
+                                         "proxy-username",
+                                         "proxy-password-secret"};
     bi_value *v = bi_value_object();
 
     bi_value_set_string(v, "driver", proto);
@@ -207,7 +208,8 @@ int bi_http_conf_parse(const char *proto, const char *const *opts,
         ret = parse_strings(proto, &l, c, err);
     }
     if (ret == 0 &&
-        (!c->sslverify || c->cookie || c->username || c->proxy_username)) {
+        (!c->sslverify || c->cookie || c->cookie_secret || c->username ||
+         c->password || c->proxy_username || c->proxy_password)) {
         c->name = name_opts(proto, &l);
     }
     bi_optlist_free(&l);
@@ -223,6 +225,9 @@ void bi_http_conf_free(struct http_conf *c)
     free(c->cookie);
     free(c->username);
     free(c->proxy_username);
+    bi_secret_free(c->cookie_secret);
+    bi_secret_free(c->password);
+    bi_secret_free(c->proxy_password);
     bi_value_free(c->name);
     memset(c, 0, sizeof(*c));
 }

@@ -6,7 +6,8 @@
  *
  * Options (the keys of --image-opts), as QEMU 7.2 names them: pool,
  * namespace, image, snapshot, conf (a ceph.conf), user (the client id),
- * key-secret (refused: blkimg has no secret objects), and
+ * key-secret (the id of a secret object whose bytes, in base64, are the
+ * cephx key, as QEMU hands it to librados), and
  * "=keyvalue-pairs", the other "name=value" options of an rbd: name
  * (":"-separated, "\" escaping), handed to librados as configuration.
  */
@@ -34,6 +35,7 @@ int bi_rbd_parse_filename(const char *filename, struct bi_optlist *l,
 struct rbd_target {
     char *pool, *ns, *image, *snap, *conf, *user;
     char *pairs; /* "=keyvalue-pairs" as given, or NULL */
+    char *key;   /* key-secret's bytes in base64 (wiped on free), or NULL */
 };
 
 /* Reads and checks the options of one open (opts: "key=value", NULL-

@@ -6,6 +6,7 @@
  * configuration file, and every other pair goes to librados as
  * configuration (mon_host, key, auth_supported, rbd_cache, ...).
  */
+#include "crypto/secret.h"
 #include "protocol/rbd/rbd.h"
 
 #include <errno.h>
@@ -187,12 +188,6 @@ static int check_keys(const struct bi_optlist *l, bi_error *err)
             return -EINVAL;
         }
     }
-    const char *secret = bi_optlist_get(l, "key-secret");
-    if (secret) {
-        /* blkimg defines no secret objects (--object secret is QEMU's) */
-        bi_error_set(err, 0, "No secret with id '%s'", secret);
-        return -EINVAL;
-    }
     return 0;
 }
 
@@ -223,6 +218,11 @@ int bi_rbd_target_parse(const char *const *opts, struct rbd_target *t,
         t->conf = dup_opt(&l, "conf");
         t->user = dup_opt(&l, "user");
         t->pairs = dup_opt(&l, "=keyvalue-pairs");
+        const char *secret = bi_optlist_get(&l, "key-secret");
+        if (secret) {
+            /* looked up before any connection, as the other checks */
+            ret = bi_secret_lookup_base64(secret, &t->key, err);
+        }
     }
     bi_optlist_free(&l);
     return ret;
@@ -237,6 +237,7 @@ void bi_rbd_target_free(struct rbd_target *t)
     free(t->conf);
     free(t->user);
     free(t->pairs);
+    bi_secret_free(t->key);
     memset(t, 0, sizeof(*t));
 }
 
@@ -290,7 +291,7 @@ static int set_pairs(rados_t c, const char *pairs, bi_error *err)
 }
 
 /* Creates the cluster handle configured as QEMU does: the configuration
- * file, then the pairs, then the cache mode. */
+ * file, then the pairs, then the cache mode, then the key. */
 static int configure(const struct rbd_target *t, bool no_cache, rados_t c,
                      bi_error *err)
 {
@@ -307,6 +308,10 @@ static int configure(const struct rbd_target *t, bool no_cache, rados_t c,
         return ret;
     }
     (void)rados_conf_set(c, "rbd_cache", no_cache ? "false" : "true");
+    if (t->key && (ret = rados_conf_set(c, "key", t->key)) < 0) {
+        bi_error_set(err, -ret, "Could not set 'key'");
+        return ret;
+    }
     return 0;
 }
 
