@@ -15,6 +15,7 @@ PACKAGES=(
     # build
     meson ninja-build pkg-config gcc libc6-dev
     liburing-dev zlib1g-dev libzstd-dev libcmocka-dev libnbd-dev
+    nbdkit-plugin-dev
     libcurl4-gnutls-dev librbd-dev librados-dev
     # tests
     python3 python3-pytest python3-pytest-timeout python3-pytest-xdist
