@@ -229,8 +229,18 @@ static bi_node *open_image(bi_error *err)
     o.protocol_opts =
         n_protocol_opts ? (const char *const *)protocol_opts : NULL;
     bi_node *n = bi_open(image, &o, err);
-    if (!n)
+    if (!n) {
+        /* "Could not open 'FILE': " twice (qemu-img's words) is once
+         * here, as qemu-nbd says it */
+        char prefix[64 + sizeof(err->msg)];
+        snprintf(prefix, sizeof(prefix),
+                 "Could not open '%s': ", image ? image : "");
+        size_t pl = strlen(prefix);
+        if (image && !strncmp(err->msg, prefix, pl) &&
+            !strncmp(err->msg + pl, prefix, pl))
+            memmove(err->msg, err->msg + pl, strlen(err->msg + pl) + 1);
         return NULL;
+    }
     if (snapshot) {
         /* an id first, then a name, as qemu-nbd -l */
         bi_error serr;
