@@ -41,6 +41,7 @@
 /* ------------------------------------------------------------ configuration */
 
 static const char *image;       /* file= */
+static char *image_abs;         /* its absolute name (malloc'd) */
 static const char *format;      /* format= (driver=) */
 static const char *snapshot;    /* snapshot= id or name: read-only export */
 static const char *export_name; /* export=: the one name served */
@@ -88,7 +89,18 @@ static int add_key(char **list, int *n, const char *key, const char *value)
 static int blkimg_config(const char *key, const char *value)
 {
     if (!strcmp(key, "file") || !strcmp(key, "file.filename")) {
-        image = value;
+        /* nbdkit changes to / when it forks into the background: a file
+         * name is made absolute now; a protocol's name (nbd://, rbd:,
+         * json:) is kept, as QEMU tells them apart by the colon */
+        const char *colon = strchr(value, ':');
+        bool protocol = colon && memchr(value, '/', colon - value) == NULL;
+        free(image_abs);
+        image_abs = protocol ? strdup(value) : nbdkit_absolute_path(value);
+        if (!image_abs) {
+            nbdkit_error("%s: %m", value);
+            return -1;
+        }
+        image = image_abs;
     } else if (!strcmp(key, "format") || !strcmp(key, "driver")) {
         format = value;
     } else if (!strcmp(key, "readonly")) {
@@ -544,6 +556,7 @@ static void blkimg_cleanup(void)
 
 static void blkimg_unload(void)
 {
+    free(image_abs);
     for (int i = 0; i < n_driver_opts; i++)
         free(driver_opts[i]);
     for (int i = 0; i < n_protocol_opts; i++)

@@ -277,32 +277,26 @@ static void check_image(const char *file, const char *fmt, enum bi_cache cache,
     bi_close(n, NULL);
 }
 
-/* --fork: runs nbdkit in the background and returns once it listens (it
- * has written its pid file) with 0, or with 1 when it exited first. */
-static int run_forked(struct argv *a, const char *pid_file, bool own_pid_file)
+/* --fork: nbdkit forks into the background itself once it listens (and
+ * the plugin opened the image); its first process exits then, with 0,
+ * or with 1 when the server could not start. Returns that status. */
+static int run_forked(struct argv *a)
 {
     pid_t pid = fork();
     if (pid < 0)
         die("fork: %s", strerror(errno));
     if (pid == 0) {
-        setsid();
         execvp(a->v[0], a->v);
         err_msg("Failed to run %s: %s", a->v[0], strerror(errno));
         _exit(EXIT_FAILURE);
     }
-    for (;;) {
-        int status;
-        pid_t r = waitpid(pid, &status, WNOHANG);
-        if (r == pid)
-            return EXIT_FAILURE; /* nbdkit said why on stderr */
-        struct stat st;
-        if (stat(pid_file, &st) == 0 && st.st_size > 0) {
-            if (own_pid_file)
-                unlink(pid_file);
-            return EXIT_SUCCESS;
-        }
-        nanosleep(&(struct timespec){0, 10 * 1000 * 1000}, NULL);
+    int status;
+    while (waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR)
+            die("waitpid: %s", strerror(errno));
     }
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? EXIT_SUCCESS
+                                                         : EXIT_FAILURE;
 }
 
 enum {
@@ -527,7 +521,8 @@ int main(int argc, char **argv)
 
     struct argv a = {.n = 0};
     push(&a, "nbdkit");
-    push(&a, "--foreground");
+    if (!fork_process)
+        push(&a, "--foreground");
     if (verbose)
         push(&a, "--verbose");
     if (read_only)
@@ -539,14 +534,8 @@ int main(int argc, char **argv)
         if (bindto)
             push(&a, "--ipaddr=%s", bindto);
     }
-    char tmp_pid[64] = "";
-    if (fork_process && !pid_file) {
-        snprintf(tmp_pid, sizeof(tmp_pid), "/tmp/blkimg-nbd.%ld.pid",
-                 (long)getpid());
-        unlink(tmp_pid);
-    }
-    if (pid_file || tmp_pid[0])
-        push(&a, "--pidfile=%s", pid_file ? pid_file : tmp_pid);
+    if (pid_file)
+        push(&a, "--pidfile=%s", pid_file);
     if (tls) {
         push(&a, "--tls=require");
         if (tls->psk) {
@@ -597,7 +586,7 @@ int main(int argc, char **argv)
 
     fflush(stdout);
     if (fork_process)
-        return run_forked(&a, pid_file ? pid_file : tmp_pid, !pid_file);
+        return run_forked(&a);
     execvp(a.v[0], a.v);
     die("Failed to run nbdkit: %s", strerror(errno));
 }
