@@ -51,6 +51,7 @@ static bool discard_unmap = true; /* discard=unmap (default) or ignore */
 static bool no_backing;
 static bool no_lock;
 static bool force_share;
+static bool multi_conn = true; /* multi-conn=false: not advertised */
 static enum bi_cache cache = BI_CACHE_WRITEBACK;
 static bool aio_set;
 static enum bi_aio aio = BI_AIO_DEFAULT;
@@ -146,6 +147,8 @@ static int blkimg_config(const char *key, const char *value)
         if (parse_bool(key, value, &b) < 0)
             return -1;
         no_lock = !b;
+    } else if (!strcmp(key, "multi-conn")) {
+        return parse_bool(key, value, &multi_conn);
     } else if (!strcmp(key, "force-share")) {
         return parse_bool(key, value, &force_share);
     } else if (!strncmp(key, "file.", 5) && key[5]) {
@@ -205,6 +208,7 @@ static int blkimg_config_complete(void)
     "backing=false           Do not open the backing chain.\n"                 \
     "locking=false           Take no image locks.\n"                           \
     "force-share=true        Take no locks that conflict with others.\n"       \
+    "multi-conn=false        Do not advertise multi-conn.\n"                   \
     "export=<NAME>           The only export name served.\n"                   \
     "description=<TEXT>      The export's description.\n"                      \
     "file.<KEY>=<VALUE>      Options of the protocol node (driver=nbd, "       \
@@ -731,7 +735,7 @@ static int blkimg_can_fua(void *h)
 static int blkimg_can_multi_conn(void *h)
 {
     (void)h;
-    return 1; /* one node for every connection */
+    return multi_conn; /* safe: one node serves every connection */
 }
 
 static int blkimg_can_extents(void *h)

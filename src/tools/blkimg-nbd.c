@@ -583,6 +583,10 @@ int main(int argc, char **argv)
         push(&a, "description=%s", desc);
     if (shared > 0)
         push(&a, "limit=%ld", shared);
+    /* a client that sees multi-conn opens several connections: not when
+     * only one is allowed */
+    if (shared == 1)
+        push(&a, "multi-conn=false");
 
     fflush(stdout);
     if (fork_process)
