@@ -391,3 +391,20 @@ def test_sigterm_flushes_the_image(run, qemu_img, qemu_io, peers, plugin,
     ok(run(qemu_img, "check", img))
     ok(run(qemu_io, "-r", "-f", "qcow2", "-c", "read -P 0x5a 0 3M",
            "-c", "read -P 0xa5 8M 64k", "-c", "read -P 0 3M 5M", img))
+
+
+def test_image_opts_and_format_options(run, qemu_img, peers, plugin,
+                                       blkimg_nbd, peer_env, chain,
+                                       tmp_path):
+    p = peers.blkimg_nbd(
+        blkimg_nbd, "driver=qcow2,file.filename=%s,l2-cache-size=1M" % chain,
+        extra=["-r", "--image-opts"], env=peer_env)
+    ok(run(qemu_img, "compare", "-U", "-f", "raw", "-F", "qcow2", p.url,
+           chain))
+    sock = str(tmp_path / "bad.sock")
+    for args, msg in ((["bogus-key=1"], "'bogus-key' needs format=FMT"),
+                      (["format=qcow2", "bogus-key=1"],
+                       "the qcow2 format has no option 'bogus-key'")):
+        cp = run("nbdkit", "-f", "-U", sock, plugin, chain, *args,
+                 env=peer_env or {})
+        assert cp.returncode == 1 and msg in cp.stderr, cp.stderr
