@@ -408,3 +408,45 @@ def test_image_opts_and_format_options(run, qemu_img, peers, plugin,
         cp = run("nbdkit", "-f", "-U", sock, plugin, chain, *args,
                  env=peer_env or {})
         assert cp.returncode == 1 and msg in cp.stderr, cp.stderr
+
+
+def test_commands_through_libnbd(run, qemu_img, peers, plugin, peer_env,
+                                 chain):
+    """Each NBD command with its flags, through libnbd's Python binding:
+    FUA writes, zeroes that may trim or must not, fast zero (ENOTSUP where
+    it would need a fallback), trim, cache, flush, block status with
+    REQ_ONE; then the image checks clean and holds the bytes."""
+    nbd = pytest.importorskip("nbd")
+    p = peers.nbdkit(plugin, chain, env=peer_env)
+    h = nbd.NBD()
+    h.add_meta_context(nbd.CONTEXT_BASE_ALLOCATION)
+    h.connect_uri(p.url)
+    try:
+        assert h.can_fua() and h.can_fast_zero() and h.can_cache()
+        assert h.can_trim() and h.can_zero() and h.can_flush()
+        assert h.can_multi_conn() and not h.is_read_only()
+        h.pwrite(b"\x61" * 8192, 3 * MiB, nbd.CMD_FLAG_FUA)
+        h.zero(MiB, 20 * MiB)                       # may trim
+        h.zero(65536, 4 * MiB, nbd.CMD_FLAG_NO_HOLE)  # must not
+        h.zero(2 * 65536, 30 * MiB, nbd.CMD_FLAG_FAST_ZERO)
+        with pytest.raises(nbd.Error) as e:
+            # half a cluster over backing data: zeroing needs a write
+            h.zero(512, 2 * MiB + 512, nbd.CMD_FLAG_FAST_ZERO)
+        assert e.value.errno == "ENOTSUP"
+        h.trim(65536, 40 * MiB, nbd.CMD_FLAG_FUA)
+        h.cache(4 * MiB, 0)
+        h.flush()
+        seen = []
+        h.block_status(64 * MiB, 0,
+                       lambda ctx, off, ents, err: seen.append(ents),
+                       nbd.CMD_FLAG_REQ_ONE)
+        assert len(seen) == 1 and len(seen[0]) == 2  # one (length, flags)
+        assert h.pread(8192, 3 * MiB) == b"\x61" * 8192
+        assert h.pread(MiB, 20 * MiB) == bytes(MiB)
+        assert h.pread(65536, 4 * MiB) == bytes(65536)
+        assert h.pread(2 * 65536, 30 * MiB) == bytes(2 * 65536)
+        assert h.pread(512, 2 * MiB + 512) == b"\x11" * 512
+    finally:
+        h.shutdown()
+    p.stop()
+    ok(run(qemu_img, "check", chain))
