@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from conftest import sanitizer_report
 import nbd_peers
 from nbd_peers import Peers
 
@@ -60,9 +61,14 @@ def peer_env(sanitized):
 
 @pytest.fixture
 def peers(tmp_path):
+    """The servers of one test; a sanitizer report in a server's log (the
+    sanitized plugin runs inside nbdkit) fails the test."""
     p = Peers(tmp_path)
     yield p
     p.stop_all()
+    for log in sorted(tmp_path.glob("peer*.log")):
+        report = sanitizer_report(log.read_bytes())
+        assert report is None, "%s: %s" % (log, report)
 
 
 def ok(cp):
