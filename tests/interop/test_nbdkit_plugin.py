@@ -456,3 +456,24 @@ def test_commands_through_libnbd(run, qemu_img, peers, plugin, peer_env,
         h.shutdown()
     p.stop()
     ok(run(qemu_img, "check", chain))
+
+
+@pytest.mark.skipif(not nbd_peers.have("certtool"), reason="certtool missing")
+def test_tls_x509_over_tcp(run, qemu_img, peers, blkimg_nbd, peer_env,
+                           raw_image, tmp_path):
+    """tls-creds-x509 (verify-peer on, QEMU's default): nbdkit's
+    --tls-certificates with --tls-verify-peer; qemu-img connects with a
+    client certificate of the same CA over TCP."""
+    srv, cli = nbd_peers.make_x509(tmp_path / "pki")
+    p = peers.blkimg_nbd(
+        blkimg_nbd, raw_image, tcp=True,
+        extra=["-f", "raw", "--object",
+               "tls-creds-x509,id=tls0,endpoint=server,dir=%s" % srv,
+               "--tls-creds", "tls0"], env=peer_env)
+    opts = "driver=nbd,%s,tls-creds=tls0" % p.opts()
+    ok(run(qemu_img, "compare", "--object",
+           "tls-creds-x509,id=tls0,endpoint=client,dir=%s" % cli,
+           "--image-opts", opts,
+           "driver=raw,file.filename=%s" % raw_image))
+    cp = run(qemu_img, "info", "-f", "raw", p.url)
+    assert cp.returncode != 0
