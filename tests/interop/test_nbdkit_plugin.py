@@ -175,7 +175,8 @@ def test_plugin_serves_backing_chain_like_qemu_nbd(run, qemu_img, peers,
 def test_blkimg_nbd_serves_qcow2(run, qemu_img, peers, blkimg_nbd, peer_env,
                                  chain, tmp_path):
     p = peers.blkimg_nbd(blkimg_nbd, chain, export="disk",
-                         extra=["-f", "qcow2", "-r", "-D", "a test disk"],
+                         extra=["-f", "qcow2", "-r", "-D", "a test disk",
+                                "--aio=threads", "--cache=none"],
                          env=peer_env)
     expect = raw_of(run, qemu_img, chain, tmp_path / "expect.raw")
     out = tmp_path / "out.raw"
@@ -477,3 +478,22 @@ def test_tls_x509_over_tcp(run, qemu_img, peers, blkimg_nbd, peer_env,
            "driver=raw,file.filename=%s" % raw_image))
     cp = run(qemu_img, "info", "-f", "raw", p.url)
     assert cp.returncode != 0
+
+
+def test_detect_zeroes_unmap(run, qemu_img, qemu_io, peers, blkimg_nbd,
+                             peer_env, tmp_path):
+    """--detect-zeroes=unmap: a written cluster of zeroes becomes a zero
+    cluster (no data allocated), as with qemu-nbd."""
+    img = tmp_path / "dz.qcow2"
+    ok(run(qemu_img, "create", "-q", "-f", "qcow2", img, "8M"))
+    p = peers.blkimg_nbd(blkimg_nbd, img,
+                         extra=["-f", "qcow2", "--discard=unmap",
+                                "--detect-zeroes=unmap"], env=peer_env)
+    ok(run(qemu_io, "-f", "raw", "-c", "write -P 0 0 1M",
+           "-c", "write -P 0x9 2M 64k", "-c", "flush", p.url))
+    p.stop()
+    m = json.loads(ok(run(qemu_img, "map", "--output=json", img)).stdout)
+    first = [e for e in m if e["start"] == 0][0]
+    assert first["zero"] and not first["data"], m
+    at2m = [e for e in m if e["start"] <= 2 * MiB < e["start"] + e["length"]]
+    assert at2m[0]["data"], m
