@@ -211,8 +211,9 @@ static const struct tls_object *find_object(const char *id)
     return NULL;
 }
 
-/* The plugin next to this program (a build tree), else nbdkit's own
- * plugin directory, where nbdkit finds "blkimg". */
+/* The plugin next to this program (a build tree), else where it was
+ * installed (nbdkit's plugin directory under our prefix), else the name
+ * "blkimg", which nbdkit looks up in its own plugin directory. */
 static const char *plugin_path(void)
 {
     static char path[PATH_MAX];
@@ -227,6 +228,10 @@ static const char *plugin_path(void)
         if (access(path, R_OK) == 0)
             return path;
     }
+#ifdef NBDKIT_PLUGIN_PATH
+    if (access(NBDKIT_PLUGIN_PATH, R_OK) == 0)
+        return NBDKIT_PLUGIN_PATH;
+#endif
     return "blkimg";
 }
 
