@@ -15,12 +15,13 @@ PACKAGES=(
     # build
     meson ninja-build pkg-config gcc libc6-dev
     liburing-dev zlib1g-dev libzstd-dev libcmocka-dev libnbd-dev
+    nbdkit-plugin-dev
     libcurl4-gnutls-dev librbd-dev librados-dev libgcrypt20-dev
     # tests
     python3 python3-pytest python3-pytest-timeout python3-pytest-xdist
     python3-crcmod
     qemu-utils fio xfsprogs e2fsprogs util-linux mount
-    nbdkit libnbd-bin gnutls-bin
+    nbdkit libnbd-bin python3-libnbd gnutls-bin
     # http(s) tests: a real web server, openssl for its certificate;
     # a single-node Ceph cluster for the rbd tests; QEMU's curl and rbd
     # modules to compare with

@@ -153,3 +153,27 @@ def blkimg_io_commands(blkimg_io):
             if m:
                 cmds[name].add(m.group(1))
     return cmds
+
+
+def blkimg_nbd_options(blkimg_nbd):
+    """blkimg-nbd's options: its --help lines and its option table."""
+    opts = set()
+    for line in _out(blkimg_nbd, "--help").splitlines():
+        if line.startswith("  -"):
+            opts |= options_in_text(line.split("  ", 2)[1])
+    src, calls = source_options(os.path.join(TOOLS, "blkimg-nbd.c"))
+    assert calls == 1, "blkimg-nbd.c: expected one getopt call"
+    return opts | src
+
+
+def nbdkit_plugin_params(plugin):
+    """The parameters `nbdkit PLUGIN --help` lists ("format", "file.",
+    "<KEY>"...): the word before "=" of each line of the plugin's help
+    text (its lines start in the first column)."""
+    params = []
+    text = _out("nbdkit", plugin, "--help")
+    for line in text.split("[file=]", 1)[-1].splitlines()[1:]:
+        m = re.match(r"^([a-z<][A-Za-z.<>-]*)=", line)
+        if m:
+            params.append(m.group(1))
+    return ["file"] + params

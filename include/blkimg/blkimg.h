@@ -308,6 +308,16 @@ BI_EXPORT int bi_aio_poll(bool blocking);
 BI_EXPORT void bi_aio_drain(void);
 BI_EXPORT int bi_aio_in_flight(void);
 
+/* Serving requests that other threads hand to the loop thread (the nbdkit
+ * plugin): bi_aio_kick() may be called from any thread, any number of
+ * times, and makes the loop thread's current or next bi_aio_wait() return.
+ * bi_aio_wait(), in the loop thread only, runs ready completions and then
+ * waits, even with no request in flight, until something happened: a
+ * completion or a kick (kicks before the call count). Returns the number
+ * of requests in flight. */
+BI_EXPORT void bi_aio_kick(void);
+BI_EXPORT int bi_aio_wait(void);
+
 /* Runs fn(arg) on a worker thread, from a request context it waits (the
  * caller's coroutine yields); from outside it just blocks. For CPU work
  * such as compression. Returns fn's result. */

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: MIT
 """The Debian packages: `dpkg-buildpackage -us -uc -b` on a clean copy of
-the tree (the files git tracks, or would track) builds blkimg, libblkimg1
-and libblkimg-dev; lintian finds nothing (errors, warnings); unpacked into
+the tree (the files git tracks, or would track) builds blkimg, libblkimg1,
+libblkimg-dev and blkimg-nbd (the nbdkit plugin and blkimg-nbd); lintian
+finds nothing (errors, warnings); unpacked into
 a scratch root (dpkg -x), the tools run from there against the packaged
 library (blkimg --version, a convert checked byte for byte), the example
 builds against the packaged headers through pkg-config, and the man pages,
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
-PACKAGES = ("blkimg", "libblkimg1", "libblkimg-dev")
+PACKAGES = ("blkimg", "libblkimg1", "libblkimg-dev", "blkimg-nbd")
 
 
 def sh(*argv, cwd=None, env=None, timeout=900):
@@ -121,6 +122,15 @@ def test_packages_hold_what_they_should(debs):
         assert f in dev, f
     cp = sh("dpkg-deb", "-f", debs["blkimg"], "Depends")
     assert "libblkimg1 (>= " in cp.stdout, cp.stdout
+    nbd = contents(debs["blkimg-nbd"])
+    for f in ("/usr/bin/blkimg-nbd",
+              lib + "/nbdkit/plugins/nbdkit-blkimg-plugin.so",
+              "/usr/share/man/man1/blkimg-nbd.1.gz",
+              "/usr/share/man/man1/nbdkit-blkimg-plugin.1.gz"):
+        assert f in nbd, f
+    cp = sh("dpkg-deb", "-f", debs["blkimg-nbd"], "Depends")
+    assert "nbdkit" in cp.stdout and "libblkimg1 (>= " in cp.stdout, \
+        cp.stdout
 
 
 def test_lintian_is_clean(debs):

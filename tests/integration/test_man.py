@@ -193,6 +193,35 @@ def test_library_pages_name_every_exported_function(build_dir):
 def test_usage_md_links_to_the_pages():
     with open(os.path.join(REPO, "docs", "usage.md"), encoding="utf-8") as f:
         text = f.read()
-    for page in ("blkimg.1", "blkimg-io.1", "libblkimg.3"):
+    for page in ("blkimg.1", "blkimg-io.1", "libblkimg.3", "blkimg-nbd.1",
+                 "nbdkit-blkimg-plugin.1"):
         assert "docs/man/%s.scd" % page in text or \
             "man/%s.scd" % page in text, page
+
+
+def test_blkimg_nbd_page_documents_every_option(build_dir):
+    tool = os.path.join(str(build_dir), "blkimg-nbd")
+    s = sections(render(page_path(build_dir, os.path.join(
+        REPO, "docs", "man", "blkimg-nbd.1.scd"))))
+    opts = tool_options.blkimg_nbd_options(tool)
+    assert {"-k", "--socket", "-t", "--fork", "--tls-creds", "-A"} <= opts
+    missing = [o for o in sorted(opts) if not has_option(s["OPTIONS"], o)]
+    assert not missing, "undocumented in docs/man/blkimg-nbd.1.scd: " + \
+        ", ".join(missing)
+    assert "1" in s["EXIT STATUS"]
+
+
+def test_nbdkit_plugin_page_documents_every_parameter(build_dir):
+    if shutil.which("nbdkit") is None:
+        pytest.skip("nbdkit missing")
+    plugin = os.path.join(str(build_dir), "nbdkit-blkimg-plugin.so")
+    s = sections(render(page_path(build_dir, os.path.join(
+        REPO, "docs", "man", "nbdkit-blkimg-plugin.1.scd"))))
+    params = tool_options.nbdkit_plugin_params(plugin)
+    assert {"file", "format", "snapshot", "cache", "export"} <= set(params)
+    missing = [p for p in params
+               if (p.replace("<KEY>", "KEY") + "=") not in s["PARAMETERS"]]
+    assert not missing, "undocumented in docs/man/nbdkit-blkimg-plugin.1" \
+        ".scd: " + ", ".join(missing)
+    for name in ("THREAD MODEL", "LIMITATIONS"):
+        assert name in s

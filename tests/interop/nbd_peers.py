@@ -35,8 +35,9 @@ def _connectable(addr):
 class Peer:
     """One server process; url/uri name it for clients."""
 
-    def __init__(self, argv, addr, export="", log=None):
+    def __init__(self, argv, addr, export="", log=None, env=None):
         self.argv = [str(a) for a in argv]
+        self.env = env
         self.addr = addr
         self.export = export
         self.log = log
@@ -44,8 +45,12 @@ class Peer:
 
     def start(self):
         out = open(self.log, "ab") if self.log else subprocess.DEVNULL
+        env = None
+        if self.env:
+            env = dict(os.environ)
+            env.update(self.env)
         self.proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL,
-                                     stdout=out, stderr=out)
+                                     stdout=out, stderr=out, env=env)
         if self.log:
             out.close()
         deadline = time.monotonic() + START_TIMEOUT
@@ -124,7 +129,8 @@ class Peers:
         argv += list(extra) + [str(image)]
         return self._start(Peer(argv, addr, export, self._log()))
 
-    def nbdkit(self, plugin, *args, filters=(), tcp=False, extra=()):
+    def nbdkit(self, plugin, *args, filters=(), tcp=False, extra=(),
+               env=None):
         """nbdkit in the foreground serving the default export ""."""
         addr = self._addr(tcp)
         argv = ["nbdkit", "-f", "--exit-with-parent"]
@@ -135,7 +141,20 @@ class Peers:
         for f in filters:
             argv += ["--filter=" + f]
         argv += list(extra) + [plugin] + list(args)
-        return self._start(Peer(argv, addr, "", self._log()))
+        return self._start(Peer(argv, addr, "", self._log(), env))
+
+    def blkimg_nbd(self, tool, image, export="", tcp=False, extra=(),
+                   env=None):
+        """blkimg-nbd (qemu-nbd's options) serving image persistently
+        (-t), shared by 8; nbdkit replaces it, so its PID is nbdkit's."""
+        addr = self._addr(tcp)
+        argv = [tool, "-t", "-e", "8", "-x", export]
+        if tcp:
+            argv += ["-b", addr[0], "-p", str(addr[1])]
+        else:
+            argv += ["-k", addr]
+        argv += list(extra) + [str(image)]
+        return self._start(Peer(argv, addr, export, self._log(), env))
 
     def _start(self, p):
         self.peers.append(p)

@@ -11,8 +11,11 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #define ENGINE_DEPTH 256
 
@@ -215,6 +218,48 @@ void bi_aio_drain(void)
 
 int bi_aio_in_flight(void)
 {
+    return requests_in_flight;
+}
+
+/* ------------------------------------------------------------ cross-thread
+ * kicks: an eventfd that any thread writes, watched by the loop while it
+ * waits in bi_aio_wait. */
+
+static pthread_once_t kick_once = PTHREAD_ONCE_INIT;
+static int kick_fd = -1;
+static struct bi_fd_watch kick_watch;
+
+static void kick_read(struct bi_fd_watch *w, unsigned revents)
+{
+    uint64_t v;
+    (void)w;
+    (void)revents;
+    /* nonblocking: a cancelled poll finds nothing to read */
+    (void)!read(kick_fd, &v, sizeof(v));
+}
+
+static void kick_init(void)
+{
+    kick_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (kick_fd < 0)
+        abort(); /* out of descriptors at the first kick: nothing to do */
+    bi_fd_watch_init(&kick_watch, kick_read);
+}
+
+void bi_aio_kick(void)
+{
+    uint64_t one = 1;
+    pthread_once(&kick_once, kick_init);
+    (void)!write(kick_fd, &one, sizeof(one));
+}
+
+int bi_aio_wait(void)
+{
+    pthread_once(&kick_once, kick_init);
+    /* The armed poll is in flight, so the engine waits for it or for any
+     * other completion; an earlier kick left the eventfd readable. */
+    bi_fd_watch_arm(&kick_watch, kick_fd, true, false);
+    bi_loop_run_once(true);
     return requests_in_flight;
 }
 
