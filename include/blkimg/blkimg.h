@@ -358,6 +358,10 @@ enum bi_opt_flags {
     /* QEMU takes the option, blkimg refuses it; help says why (NULL:
      * "The <format> format's option '<key>' is not supported"). */
     BI_OPT_REFUSED = 1 << 1,
+    /* Runtime options QEMU counts among a driver's "strong" options: one
+     * given makes the node's name a json: name carrying it (luks's
+     * key-secret). */
+    BI_OPT_STRONG = 1 << 2,
 };
 
 /* One option of a driver, as QEMU describes it. Tables end with an entry

@@ -49,6 +49,18 @@ struct bi_extent {
      * co_write_done (e.g. writethrough metadata ordering). */
     bool flush_before_done;
     void *cookie; /* driver-private, handed back to co_write_done */
+    /* DATA extents of encrypted images: the host bytes are ciphertext of
+     * crypt (sector encryption, crypto/crypto.h), which the generic layer
+     * decrypts after reading and encrypts into its own bounce buffer
+     * before writing (never in the caller's buffer), whole encryption
+     * sectors at a time (partial ones read, decrypted and merged first).
+     * crypt_offset is where the mapped offset lies in the cipher's sector
+     * numbering (sector = position / sector size): the guest offset for a
+     * LUKS image (payload-relative), the host offset for qcow2's LUKS. The
+     * sectors around the range must lie host-contiguously beside it.
+     * cow_head/cow_tail bytes are plaintext here too. NULL: plain. */
+    struct bi_crypt *crypt;
+    uint64_t crypt_offset;
 };
 
 enum bi_map_flags {
