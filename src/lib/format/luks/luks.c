@@ -92,12 +92,10 @@ static int luks_co_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
             return ret;
     }
     /* QEMU's getlength fails (EIO) when the payload starts past the end
-     * of the file; a node needs a size: refuse it at open */
+     * of the file, and its open with it, in these words */
     if (s->payload > n->file->size)
-        return luks_error(err, -EIO,
-                          "LUKS payload offset %llu is beyond the end of "
-                          "the file",
-                          (unsigned long long)s->payload);
+        return luks_error(err, -EIO, "Could not refresh total sector count: %s",
+                          strerror(EIO));
     n->size = n->file->size - s->payload;
     return 0;
 }
