@@ -940,7 +940,10 @@ static void copy_options(struct cv_run *r, struct bi_convert_opts *o)
         memset(&si, 0, sizeof(si));
         bi_node *f = bi_node_file(r->dst);
         bool blockdev = f && bi_storage_info(f, &si) == 0 && si.is_block_device;
-        o->target_is_zero = !blockdev;
+        /* an encrypted image's unwritten data is noise, not zeroes */
+        o->target_is_zero =
+            !blockdev &&
+            !(bi_format_caps(bi_node_format(r->dst)) & BI_FORMAT_NO_ZERO_INIT);
     }
     /* The engine flushes unless the cache mode ignores flushes anyway
      * (bi_close flushes too). */

@@ -225,6 +225,24 @@ def test_convert_to_and_from_luks(run, blkimg, qemu_img, tmp_path):
     assert q.returncode == 0, q.stdout
 
 
+def test_convert_sparse_source(run, blkimg, qemu_img, tmp_path):
+    """Zeroes of the source are written: a new LUKS image's unwritten
+    sectors decrypt to noise, not zeroes (QEMU's has_zero_init is 0)."""
+    src = tmp_path / "sparse.raw"
+    with open(src, "wb") as f:
+        f.truncate(4 * MiB)
+        f.seek(1000000)
+        f.write(b"hello")
+    out = tmp_path / "sparse.luks"
+    b = run([blkimg, "convert"] + SECRET +
+            ["-f", "raw", "-O", "luks", "-o", "key-secret=s0,iter-time=10",
+             src, out])
+    assert b.returncode == 0, b.stderr
+    q = run([qemu_img, "compare"] + SECRET + ["-f", "raw", src,
+                                               json_name(out)])
+    assert (q.returncode, q.stdout) == (0, "Images are identical.\n")
+
+
 def test_plaintext_never_reaches_the_file(run, blkimg, blkimg_io, tmp_path):
     img = tmp_path / "p.luks"
     blkimg_create(run, blkimg, img, "key-secret=s0,iter-time=10", "2M")

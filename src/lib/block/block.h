@@ -180,6 +180,9 @@ struct bi_driver {
      * refinement from the file, and a copy into it may go out of order
      * and through copy_file_range. */
     bool identity_map;
+    /* Formats: a new image does not read as zeroes (its unwritten
+     * ciphertext decrypts to noise: luks), QEMU's has_zero_init 0. */
+    bool no_zero_init;
     size_t state_size; /* bytes of n->opaque, zeroed before open */
 
     /* Format probing, QEMU's rules and scores: buf holds the first

@@ -192,6 +192,7 @@ static const struct bi_opt_desc luks_runtime_opts[] = {
 
 const struct bi_driver bi_drv_luks = {
     .name = "luks",
+    .no_zero_init = true,
     .state_size = sizeof(struct luks_state),
     .probe = luks_probe,
     .open = luks_open,
