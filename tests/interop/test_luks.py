@@ -649,3 +649,13 @@ def test_create_preallocation_and_resize(run, blkimg, blkimg_io, qemu_img,
                 [json_name(img), "1M"])
     assert (b.returncode, b.stdout) == (q.returncode, q.stdout)
     assert b.stderr.replace("blkimg:", "qemu-img:") == q.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["create", "-f", "luks", "-o", "help"],
+    ["amend", "-f", "luks", "-o", "help"],
+])
+def test_option_help(run, blkimg, qemu_img, args):
+    q, b = both(run, blkimg, qemu_img, args)
+    assert (b.returncode, b.stdout, b.stderr) == \
+        (q.returncode, q.stdout, q.stderr.replace("qemu-img", "blkimg"))
