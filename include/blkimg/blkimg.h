@@ -368,6 +368,10 @@ enum bi_opt_flags {
     /* QEMU takes the option, blkimg refuses it; help says why (NULL:
      * "The <format> format's option '<key>' is not supported"). */
     BI_OPT_REFUSED = 1 << 1,
+    /* Runtime options QEMU counts among a driver's "strong" options: one
+     * given makes the node's name a json: name carrying it (luks's
+     * key-secret). */
+    BI_OPT_STRONG = 1 << 2,
 };
 
 /* One option of a driver, as QEMU describes it. Tables end with an entry
@@ -403,6 +407,9 @@ enum bi_format_flags {
     BI_FORMAT_AMEND = 1 << 6,     /* amend */
     BI_FORMAT_MEASURE = 1 << 7,   /* measure */
     BI_FORMAT_PROTOCOL = 1 << 8,  /* a protocol driver (file), no format */
+    /* A new image does not read as zeroes (encrypted: QEMU's
+     * has_zero_init is 0), so a copy into it writes its zeroes. */
+    BI_FORMAT_NO_ZERO_INIT = 1 << 9,
 };
 /* The BI_FORMAT_* flags of the driver named name, or -ENOENT. */
 BI_EXPORT int bi_format_caps(const char *name);

@@ -300,8 +300,15 @@ bi_node *cv_open_opts(const char *filename, const char *fmt, bool image_opts,
     bi_error_init(&err);
     n = bi_open(fname, o, &err);
     if (!n) {
-        /* the library's message is qemu's whole line */
-        cv_err("%s", err.msg);
+        /* the library's message is qemu's whole line; qemu-img names an
+         * image given by options (json:, --image-opts) as it was given */
+        char *was = bi_xasprintf("Could not open '%s': ", fname ? fname : "");
+        size_t wl = strlen(was);
+        if (fname != filename && !strncmp(err.msg, was, wl))
+            cv_err("Could not open '%s': %s", filename, err.msg + wl);
+        else
+            cv_err("%s", err.msg);
+        free(was);
     }
     if (n && (image_opts || o->named_by_options)) {
         bi_node_set_detect_zeroes(n, cv_detect_zeroes);
@@ -850,8 +857,36 @@ static int open_target(struct cv_run *r)
                a->out_filename, a->out_filename);
         return -1;
     }
-    r->dst = cv_open(a->out_filename, a->out_fmt, a->tgt_image_opts, r->tcache,
-                     true, false, true);
+    /* qemu-img opens a target it created with the creation options that
+     * name a key secret (img_add_key_secrets: "key-secret" and
+     * "encrypt.key-secret"), so that an encrypted target unlocks */
+    char **secrets = bi_xzalloc(sizeof(char *));
+    int nsec = 0;
+    for (char **p = r->optv; !a->skip_create && p && *p; p++) {
+        const char *eq = strchr(*p, '=');
+        size_t kl = eq ? (size_t)(eq - *p) : strlen(*p);
+        if (kl >= 10 && !strncmp(*p + kl - 10, "key-secret", 10)) {
+            secrets = realloc(secrets, sizeof(char *) * (nsec + 2));
+            if (!secrets)
+                abort();
+            secrets[nsec++] = *p;
+            secrets[nsec] = NULL;
+        }
+    }
+    if (nsec && !a->tgt_image_opts) {
+        struct bi_open_opts o;
+        bi_open_opts_init(&o);
+        o.cache = r->tcache;
+        o.backing_cache = r->tcache;
+        o.read_write = true;
+        o.quiet_probe = true;
+        o.driver_opts = (const char *const *)secrets;
+        r->dst = cv_open_opts(a->out_filename, a->out_fmt, false, &o);
+    } else {
+        r->dst = cv_open(a->out_filename, a->out_fmt, a->tgt_image_opts,
+                         r->tcache, true, false, true);
+    }
+    free(secrets);
     if (!r->dst) {
         return -1;
     }
@@ -905,7 +940,10 @@ static void copy_options(struct cv_run *r, struct bi_convert_opts *o)
         memset(&si, 0, sizeof(si));
         bi_node *f = bi_node_file(r->dst);
         bool blockdev = f && bi_storage_info(f, &si) == 0 && si.is_block_device;
-        o->target_is_zero = !blockdev;
+        /* an encrypted image's unwritten data is noise, not zeroes */
+        o->target_is_zero =
+            !blockdev &&
+            !(bi_format_caps(bi_node_format(r->dst)) & BI_FORMAT_NO_ZERO_INIT);
     }
     /* The engine flushes unless the cache mode ignores flushes anyway
      * (bi_close flushes too). */

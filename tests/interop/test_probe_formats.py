@@ -105,7 +105,7 @@ CRAFTED = {
 ALL = sorted(CREATED) + sorted(CRAFTED)
 # formats blkimg opens (tests/interop/test_<format>.py test them): info
 # must equal qemu-img's; a fixed VHD is raw to both (see below)
-OPENS = {"vdi", "vpc", "vmdk", "vhdx"}
+OPENS = {"vdi", "vpc", "vmdk", "vhdx", "luks"}
 
 # ----------------------------------------------------------------- helpers
 
@@ -282,7 +282,7 @@ def test_every_command_refuses(run, blkimg, blkimg_io, qemu_img, images,
 
 # ----------------------------------------- formats named on the command line
 
-FOREIGN = ["qcow", "qed", "luks", "parallels",
+FOREIGN = ["qcow", "qed", "parallels",
            "dmg", "bochs", "cloop"]
 
 

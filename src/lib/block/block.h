@@ -49,6 +49,18 @@ struct bi_extent {
      * co_write_done (e.g. writethrough metadata ordering). */
     bool flush_before_done;
     void *cookie; /* driver-private, handed back to co_write_done */
+    /* DATA extents of encrypted images: the host bytes are ciphertext of
+     * crypt (sector encryption, crypto/crypto.h), which the generic layer
+     * decrypts after reading and encrypts into its own bounce buffer
+     * before writing (never in the caller's buffer), whole encryption
+     * sectors at a time (partial ones read, decrypted and merged first).
+     * crypt_offset is where the mapped offset lies in the cipher's sector
+     * numbering (sector = position / sector size): the guest offset for a
+     * LUKS image (payload-relative), the host offset for qcow2's LUKS. The
+     * sectors around the range must lie host-contiguously beside it.
+     * cow_head/cow_tail bytes are plaintext here too. NULL: plain. */
+    struct bi_crypt *crypt;
+    uint64_t crypt_offset;
 };
 
 enum bi_map_flags {
@@ -168,6 +180,9 @@ struct bi_driver {
      * refinement from the file, and a copy into it may go out of order
      * and through copy_file_range. */
     bool identity_map;
+    /* Formats: a new image does not read as zeroes (its unwritten
+     * ciphertext decrypts to noise: luks), QEMU's has_zero_init 0. */
+    bool no_zero_init;
     size_t state_size; /* bytes of n->opaque, zeroed before open */
 
     /* Format probing, QEMU's rules and scores: buf holds the first

@@ -14,14 +14,17 @@
  */
 #include "block/block.h"
 #include "block/io_plan.h"
+#include "crypto/crypto.h"
 #include "io/aio.h"
 #include "util/util.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
 #define BOUNCE_CHUNK (1024 * 1024)
+#define CRYPT_CHUNK (1024 * 1024)
 #define IOV_STACK 64
 
 /* ----------------------------------------------------- overlap tracking */
@@ -242,6 +245,129 @@ static int proto_rw(bi_node *n, bool write, uint64_t off, uint64_t len,
 
 /* ------------------------------------------------------- format nodes */
 
+/* ---- encrypted extents (bi_extent.crypt) ----
+ * The bytes on the host are ciphertext in sectors of the cipher's sector
+ * size; a request is widened to whole sectors, which go through a bounce
+ * buffer of the host's memory alignment (the host node then pads them to
+ * its own request alignment as any request). The caller's buffer is never
+ * encrypted in place. */
+
+/* Reads len guest bytes of ext (from its mapped offset) into iov at
+ * iov_off, decrypted. */
+static int crypt_read(const struct bi_extent *ext, uint64_t len,
+                      const struct iovec *iov, int iovcnt, uint64_t iov_off)
+{
+    uint64_t ss = bi_crypt_sector_size(ext->crypt);
+    uint64_t head = ext->crypt_offset % ss;
+    uint64_t cpos = ext->crypt_offset - head, hpos = ext->host_offset - head;
+    uint64_t end = bi_align_up(head + len, ss);
+    uint64_t bufsz = BI_MIN(end, bi_align_down(CRYPT_CHUNK, ss));
+    uint8_t *buf = bi_blockalign(ext->host, bufsz);
+    int ret = 0;
+
+    assert(ext->host_offset >= head && ss > 0);
+    if (!buf)
+        return -ENOMEM;
+    for (uint64_t done = 0; done < end && ret == 0;) {
+        uint64_t cl = BI_MIN(bufsz, end - done);
+        ret = bi_co_pread(ext->host, hpos + done, buf, cl);
+        if (ret == 0)
+            ret = bi_crypt_sectors(ext->crypt, false, (cpos + done) / ss, buf,
+                                   cl);
+        if (ret == 0) {
+            uint64_t us = BI_MAX(done, head),
+                     ue = BI_MIN(done + cl, head + len);
+            bi_iov_from_buf(iov, iovcnt, iov_off + (us - head),
+                            buf + (us - done), ue - us);
+        }
+        done += cl;
+    }
+    explicit_bzero(buf, bufsz);
+    bi_free_aligned(buf);
+    return ret;
+}
+
+/* The plaintext a write extent stores: cow head, l bytes of iov from
+ * iov_off, cow tail; copies its bytes [from, from + n) to dst. */
+static void crypt_plain(const struct bi_extent *ext, const struct iovec *iov,
+                        int iovcnt, uint64_t iov_off, uint64_t l, uint64_t from,
+                        uint64_t n, uint8_t *dst)
+{
+    uint64_t h = ext->cow_head_len, to = from + n;
+    if (from < h) {
+        uint64_t k = BI_MIN(h, to) - from;
+        memcpy(dst, (uint8_t *)ext->cow_head + from, k);
+        dst += k;
+        from += k;
+    }
+    if (from < to && from < h + l) {
+        uint64_t k = BI_MIN(h + l, to) - from;
+        bi_iov_to_buf(iov, iovcnt, iov_off + (from - h), dst, k);
+        dst += k;
+        from += k;
+    }
+    if (from < to)
+        memcpy(dst, (uint8_t *)ext->cow_tail + (from - h - l), to - from);
+}
+
+/* Reads and decrypts the one sector at buffer position pos (host hpos +
+ * pos, cipher position cpos + pos) into buf + pos - done. */
+static int crypt_read_sector(const struct bi_extent *ext, uint64_t ss,
+                             uint64_t hpos, uint64_t cpos, uint64_t pos,
+                             uint8_t *at)
+{
+    int ret = bi_co_pread(ext->host, hpos + pos, at, ss);
+    return ret < 0
+               ? ret
+               : bi_crypt_sectors(ext->crypt, false, (cpos + pos) / ss, at, ss);
+}
+
+/* Writes ext's plaintext (cow head + l bytes of iov + cow tail) to the
+ * host, encrypted; partial sectors at either end are read and merged
+ * first (the caller serialises overlapping writes at sector
+ * granularity). */
+static int crypt_write(const struct bi_extent *ext, uint64_t l,
+                       const struct iovec *iov, int iovcnt, uint64_t iov_off,
+                       int flags)
+{
+    uint64_t ss = bi_crypt_sector_size(ext->crypt);
+    uint64_t total = ext->cow_head_len + l + ext->cow_tail_len;
+    uint64_t c0 = ext->crypt_offset - ext->cow_head_len;
+    uint64_t h0 = ext->host_offset - ext->cow_head_len;
+    uint64_t head = c0 % ss;
+    uint64_t cpos = c0 - head, hpos = h0 - head;
+    uint64_t end = bi_align_up(head + total, ss);
+    bool tail_partial = (head + total) % ss != 0;
+    uint64_t bufsz = BI_MIN(end, bi_align_down(CRYPT_CHUNK, ss));
+    uint8_t *buf = bi_blockalign(ext->host, bufsz);
+    int ret = 0;
+
+    if (!buf)
+        return -ENOMEM;
+    for (uint64_t done = 0; done < end && ret == 0;) {
+        uint64_t cl = BI_MIN(bufsz, end - done);
+        if (done == 0 && head)
+            ret = crypt_read_sector(ext, ss, hpos, cpos, 0, buf);
+        if (ret == 0 && done + cl == end && tail_partial &&
+            !(done == 0 && head && cl == ss))
+            ret =
+                crypt_read_sector(ext, ss, hpos, cpos, end - ss, buf + cl - ss);
+        if (ret < 0)
+            break;
+        uint64_t us = BI_MAX(done, head), ue = BI_MIN(done + cl, head + total);
+        crypt_plain(ext, iov, iovcnt, iov_off, l, us - head, ue - us,
+                    buf + (us - done));
+        ret = bi_crypt_sectors(ext->crypt, true, (cpos + done) / ss, buf, cl);
+        if (ret == 0)
+            ret = bi_co_pwrite(ext->host, hpos + done, buf, cl,
+                               flags | BI_REQ_NO_DETECT_ZEROES);
+        done += cl;
+    }
+    explicit_bzero(buf, bufsz);
+    bi_free_aligned(buf);
+    return ret;
+}
+
 static int read_unalloc(bi_node *n, uint64_t off, uint64_t len,
                         const struct iovec *iov, int iovcnt, uint64_t iov_off)
 {
@@ -280,6 +406,10 @@ static int fmt_read(bi_node *n, uint64_t off, uint64_t len,
         struct iov_slice s;
         switch (ext.kind) {
         case BI_EXT_DATA:
+            if (ext.crypt) {
+                ret = crypt_read(&ext, l, iov, iovcnt, done);
+                break;
+            }
             ret = slice_make(&s, iov, iovcnt, done, l, NULL, 0, NULL, 0);
             if (ret == 0)
                 ret = bi_co_preadv(ext.host, ext.host_offset, l, s.v, s.cnt);
@@ -331,6 +461,30 @@ static int check_probed_first_sector(bi_node *n, uint64_t off, uint64_t len,
     return (d && d != n->drv) ? -EPERM : 0;
 }
 
+/* An encrypted write extent at guest offset goff: unless the format
+ * serialises at its own granularity already (tracked), the write is
+ * serialised with every other on the node that shares one of its cipher
+ * sectors, so that read-modify-write of partial sectors loses nothing. */
+static int fmt_crypt_write(bi_node *n, bool tracked,
+                           const struct bi_extent *ext, uint64_t goff,
+                           uint64_t l, const struct iovec *iov, int iovcnt,
+                           uint64_t iov_off, int flags)
+{
+    struct bi_tracked_req req;
+    uint64_t ss = bi_crypt_sector_size(ext->crypt);
+    uint64_t c0 = ext->crypt_offset - ext->cow_head_len;
+    uint64_t total = ext->cow_head_len + l + ext->cow_tail_len;
+    uint64_t g0 = goff - ext->cow_head_len;
+    uint64_t before = c0 % ss, after = bi_align_up(c0 + total, ss) - c0 - total;
+    if (!tracked)
+        track_begin(n, &req, g0 >= before ? g0 - before : 0, g0 + total + after,
+                    true);
+    int ret = crypt_write(ext, l, iov, iovcnt, iov_off, flags);
+    if (!tracked)
+        track_end(&req);
+    return ret;
+}
+
 static int fmt_write(bi_node *n, uint64_t off, uint64_t len,
                      const struct iovec *iov, int iovcnt, int flags)
 {
@@ -353,14 +507,19 @@ static int fmt_write(bi_node *n, uint64_t off, uint64_t len,
             break;
         }
         uint64_t l = BI_MIN(ext.len, len - done);
-        struct iov_slice s;
-        ret = slice_make(&s, iov, iovcnt, done, l, ext.cow_head,
-                         ext.cow_head_len, ext.cow_tail, ext.cow_tail_len);
-        if (ret == 0)
-            ret = bi_co_pwritev(ext.host, ext.host_offset - ext.cow_head_len,
-                                ext.cow_head_len + l + ext.cow_tail_len, s.v,
-                                s.cnt, flags);
-        slice_free(&s);
+        if (ext.crypt) {
+            ret = fmt_crypt_write(n, tracked, &ext, off + done, l, iov, iovcnt,
+                                  done, flags);
+        } else {
+            struct iov_slice s;
+            ret = slice_make(&s, iov, iovcnt, done, l, ext.cow_head,
+                             ext.cow_head_len, ext.cow_tail, ext.cow_tail_len);
+            if (ret == 0)
+                ret = bi_co_pwritev(
+                    ext.host, ext.host_offset - ext.cow_head_len,
+                    ext.cow_head_len + l + ext.cow_tail_len, s.v, s.cnt, flags);
+            slice_free(&s);
+        }
         if (ret == 0 && ext.flush_before_done)
             ret = bi_co_flush(ext.host);
         if (n->drv->co_write_done) {

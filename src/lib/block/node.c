@@ -299,6 +299,28 @@ static bool plain_file_name(const char *name)
     return !(colon && (!slash || colon < slash));
 }
 
+/* The driver's strong runtime options among o's (BI_OPT_STRONG), as an
+ * object for the node's json: name; NULL when none is given. */
+static bi_value *strong_opts(const struct bi_driver *drv,
+                             const struct bi_open_opts *o)
+{
+    bi_value *v = NULL;
+    for (const char *const *p = o->driver_opts; p && *p; p++) {
+        const char *eq = strchr(*p, '=');
+        if (!eq)
+            continue;
+        char *key = bi_xasprintf("%.*s", (int)(eq - *p), *p);
+        const struct bi_opt_desc *d = bi_opt_lookup(drv->runtime_opts, key);
+        if (d && (d->flags & BI_OPT_STRONG)) {
+            if (!v)
+                v = bi_value_object();
+            bi_value_set_string(v, key, eq + 1);
+        }
+        free(key);
+    }
+    return v;
+}
+
 static bi_node *open_format(const char *filename, const char *format,
                             const struct bi_open_opts *o, int depth,
                             char **chain, bi_error *err);
@@ -511,10 +533,17 @@ static bi_node *open_format(const char *filename, const char *format,
         close_graph(n);
         return NULL;
     }
-    if (file->name_opts && file != n) {
-        bi_value *v = bi_value_object();
+    bi_value *strong = strong_opts(drv, o);
+    if ((file->name_opts || strong) && file != n) {
+        bi_value *v = strong ? strong : bi_value_object();
         bi_value_set_string(v, "driver", drv->name);
-        bi_value_set(v, "file", bi_value_copy(file->name_opts));
+        bi_value *fv = file->name_opts ? bi_value_copy(file->name_opts)
+                                       : bi_value_object();
+        if (!file->name_opts) {
+            bi_value_set_string(fv, "driver", file->drv->name);
+            bi_value_set_string(fv, "filename", file->filename);
+        }
+        bi_value_set(v, "file", fv);
         free(n->filename);
         n->filename = bi_json_name(v);
         bi_value_free(v);

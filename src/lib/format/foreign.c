@@ -22,13 +22,6 @@
 
 enum { SCORE_SURE = 100 };
 
-/* True if buf (len bytes) starts with the n bytes of magic. */
-static bool starts_with(const uint8_t *buf, size_t len, const char *magic,
-                        size_t n)
-{
-    return len >= n && !memcmp(buf, magic, n);
-}
-
 /* ------------------------------------------------------------ qcow (v1) */
 
 /* "QFI\xfb" (big-endian magic) and version 1, in a 48-byte header;
@@ -49,19 +42,6 @@ static int qed_probe(const uint8_t *buf, size_t len, const char *filename)
 {
     (void)filename;
     return len >= 64 && bi_ld_le32(buf) == 0x00444551 ? SCORE_SURE : 0;
-}
-
-/* ----------------------------------------------------------------- luks */
-
-/* "LUKS\xba\xbe" and version 1 (big-endian 16 bits at offset 6); LUKS2
- * headers are not probed by QEMU 7.2 (they are raw to it). */
-static int luks_probe(const uint8_t *buf, size_t len, const char *filename)
-{
-    (void)filename;
-    return starts_with(buf, len, "LUKS\xba\xbe", 6) && len >= 8 &&
-                   bi_ld_be16(buf + 6) == 1
-               ? SCORE_SURE
-               : 0;
 }
 
 /* ------------------------------------------------------------ parallels */
@@ -138,7 +118,6 @@ static int cloop_probe(const uint8_t *buf, size_t len, const char *filename)
 
 const struct bi_driver bi_drv_qcow = {.name = "qcow", .probe = qcow_probe};
 const struct bi_driver bi_drv_qed = {.name = "qed", .probe = qed_probe};
-const struct bi_driver bi_drv_luks = {.name = "luks", .probe = luks_probe};
 const struct bi_driver bi_drv_parallels = {.name = "parallels",
                                            .probe = parallels_probe};
 const struct bi_driver bi_drv_dmg = {.name = "dmg", .probe = dmg_probe};

@@ -12,7 +12,6 @@
 extern const struct bi_driver bi_drv_bochs;
 extern const struct bi_driver bi_drv_cloop;
 extern const struct bi_driver bi_drv_dmg;
-extern const struct bi_driver bi_drv_luks;
 extern const struct bi_driver bi_drv_parallels;
 extern const struct bi_driver bi_drv_qcow;
 extern const struct bi_driver bi_drv_qed;

@@ -67,7 +67,8 @@ static int driver_caps(const struct bi_driver *d)
            (d->bitmap ? BI_FORMAT_BITMAPS : 0) |
            (d->amend ? BI_FORMAT_AMEND : 0) |
            (d->measure ? BI_FORMAT_MEASURE : 0) |
-           (d->is_protocol ? BI_FORMAT_PROTOCOL : 0);
+           (d->is_protocol ? BI_FORMAT_PROTOCOL : 0) |
+           (d->no_zero_init ? BI_FORMAT_NO_ZERO_INIT : 0);
 }
 
 int bi_format_caps(const char *name)

@@ -269,8 +269,7 @@ static int read_luks_header(bi_node *n, qcow2_state *s, bi_error *err)
     bi_error_init(&e);
     ret = qc_luks_info(h, sizeof(h), &s->luks_info, &e);
     if (ret < 0)
-        return qc_error(err, ret, "Could not open encryption header: %s",
-                        e.msg);
+        return qc_error(err, ret, "%s", e.msg); /* QEMU's words as they are */
     return 0;
 }
 
