@@ -309,11 +309,11 @@ CLOSE_LINES = re.compile(r"^Failed to flush the (L2 table|refcount block) "
                          r"cache: ")
 
 
-def img_outcome(cp, tool):
-    """The first error line of the command (the operation's) and its exit
-    code."""
-    lines = [ln.replace(tool + ": ", "", 1) for ln in cp.stderr.splitlines()
-             if ln.startswith(tool + ": ")]
+def img_outcome(cp, tool, img):
+    """The first error line of the command (the operation's; the image's
+    name as IMG) and its exit code."""
+    lines = [ln.replace(tool + ": ", "", 1).replace(str(img), "IMG")
+             for ln in cp.stderr.splitlines() if ln.startswith(tool + ": ")]
     lines = [ln for ln in lines if not CLOSE_LINES.match(ln)]
     return cp.returncode, lines[:1]
 
@@ -330,17 +330,30 @@ def img_state(run, qemu_img, img):
             spec.get("refcount-bits"), spec.get("compat"))
 
 
-def check_same(run, blkimg, qemu_img, qimg, bimg):
+def dirty(img):
+    """Whether the qcow2 header's incompatible dirty bit is set."""
+    with open(img, "rb") as f:
+        return int.from_bytes(f.read(80)[72:80], "big") & 1 == 1
+
+
+def check_same(run, blkimg, blkimg_io, qemu_img, qimg, bimg):
     """bimg checks as qimg does, clean or leaks only; or, where QEMU
     leaves the same, with refcounts above the references (a failed
     snapshot operation's +1/-1 pass: OFLAG_COPIED errors, no data at
-    risk)."""
+    risk); or broken refcounts under the dirty bit (a make_empty that
+    failed half-way, as QEMU's), which the next writable open repairs."""
     q = run(qemu_img, "check", qimg)
     b = run(qemu_img, "check", bimg)
     bb = run(blkimg, "check", bimg)
     assert b.returncode == q.returncode, (q.stdout, b.stdout)
     assert bb.returncode == b.returncode, (b.stdout, bb.stdout)
-    if b.returncode == 2:
+    if b.returncode == 2 and dirty(bimg):
+        run(blkimg_io, "-c", "flush", bimg, check=True)
+        assert not dirty(bimg)
+        for tool in (qemu_img, blkimg):
+            r = run(tool, "check", bimg)
+            assert r.returncode in (0, 3), r.stdout + r.stderr
+    elif b.returncode == 2:
         errors = [ln for ln in b.stderr.splitlines() + b.stdout.splitlines()
                   if ln.startswith("ERROR")]
         assert errors and all(e.startswith("ERROR OFLAG_COPIED")
@@ -366,7 +379,17 @@ def img_prepare(run, qemu_img, qemu_io, images, base, path):
 
 
 # (event, op) pairs where blkimg differs, with the reason
-IMG_XFAIL = {}
+SHRINK_L2 = ("a shrink rewrites the L2 table of the cropped range (zero "
+             "flags, then none) where QEMU's full discard leaves unchanged "
+             "entries alone and writes nothing")
+IMG_XFAIL = {
+    ("l2_update", "shrink"): SHRINK_L2,
+    ("pwritev", "shrink"): SHRINK_L2,
+    ("refblock_update_part", "snapshot-delete"):
+        "QEMU writes the refcount blocks during the -1 pass over the "
+        "snapshot's tables (its cache is small); blkimg at the flush "
+        "before the COPIED pass, so the step that fails differs",
+}
 
 
 def run_img_case(tmp_path, run, tools, images, event, op, errno, once):
@@ -384,9 +407,10 @@ def run_img_case(tmp_path, run, tools, images, event, op, errno, once):
         res[tool] = (run(tool, *[spec if a == "@" else a for a in argv]),
                      img)
     (q, qimg), (b, bimg) = res[qemu_img], res[blkimg]
-    assert img_outcome(b, "blkimg") == img_outcome(q, "qemu-img"), \
+    assert img_outcome(b, "blkimg", bimg) == \
+        img_outcome(q, "qemu-img", qimg), \
         (q.stderr, b.stderr)
-    check_same(run, blkimg, qemu_img, qimg, bimg)
+    check_same(run, blkimg, blkimg_io, qemu_img, qimg, bimg)
     assert img_state(run, qemu_img, bimg) == img_state(run, qemu_img, qimg)
     args = []
     for c in KEEP[base]:
@@ -410,7 +434,7 @@ def img_images(images, tmp_path_factory, qemu_img, qemu_io):
     return dict(images, snap=snap)
 
 
-@pytest.mark.parametrize("errno,once", ERRORS)
+@pytest.mark.parametrize("errno,once", ERRORS[:1])
 @pytest.mark.parametrize("op", list(IMG_OPS))
 @pytest.mark.parametrize("event", IMG_EVENTS_QUICK)
 def test_matrix_img(tmp_path, run, tools, img_images, event, op, errno,
@@ -424,9 +448,8 @@ def test_matrix_img(tmp_path, run, tools, img_images, event, op, errno,
 @pytest.mark.torture
 @pytest.mark.parametrize("errno,once", ERRORS)
 @pytest.mark.parametrize("op", list(IMG_OPS))
-@pytest.mark.parametrize("event", [e for e in IMG_EVENTS
-                                   if e not in IMG_EVENTS_QUICK])
+@pytest.mark.parametrize("event", IMG_EVENTS)
 def test_matrix_img_full(tmp_path, run, tools, img_images, event, op, errno,
                          once):
-    """The rest of the cross product (make torture)."""
+    """The whole cross product (make torture)."""
     run_img_case(tmp_path, run, tools, img_images, event, op, errno, once)

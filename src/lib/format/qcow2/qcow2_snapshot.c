@@ -272,6 +272,9 @@ static int write_snapshot_table(bi_node *n, struct qcow2_snapshot *sns,
         return -EFBIG;
     uint64_t off = 0;
     uint8_t *buf = NULL;
+    /* QEMU allocates (nothing) for an empty table too: its event */
+    if (!size)
+        bi_debug_event(n->file, BI_DBG_CLUSTER_ALLOC);
     if (size) {
         int64_t a = qc_alloc_clusters(n, qc_size_to_clusters(s, size));
         if (a < 0)
