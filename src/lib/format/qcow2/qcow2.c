@@ -925,7 +925,8 @@ static int close_co(void *arg)
     if (ret == 0)
         qc_file_ahead_trim(n);
     /* everything is on disk: a lazy-refcounts image is clean again */
-    if (ret == 0 && (s->incompat & QCOW2_INCOMPAT_DIRTY) && s->marked_dirty)
+    if (ret == 0 && (s->incompat & QCOW2_INCOMPAT_DIRTY) && s->marked_dirty &&
+        !s->corrupt)
         ret = qc_update_incompat(n, s->incompat & ~QCOW2_INCOMPAT_DIRTY);
     bi_co_mutex_unlock(&s->lock);
     return ret;
