@@ -1880,14 +1880,18 @@ int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
         uint64_t a = bi_align_up(size, s->cluster_size);
         if (a < n->size && !s->data_file) {
             ret = collect_hosts(n, a, n->size, &dropped, &n_dropped);
-            if (ret < 0)
+            if (ret < 0) {
+                bi_error_set(err, -ret, "Failed to discard cropped clusters");
                 goto out;
+            }
         }
         if (a < n->size) {
             ret = zero_units_locked(
                 n, a, bi_align_up(n->size, s->cluster_size) - a, true, false);
-            if (ret < 0)
+            if (ret < 0) { /* QEMU's words for its discard of the tail */
+                bi_error_set(err, -ret, "Failed to discard cropped clusters");
                 goto out;
+            }
             /* zero flags past the end are meaningless: unallocate */
             for (uint64_t pos = a; pos < n->size; pos += s->cluster_size) {
                 void *t;
