@@ -70,6 +70,9 @@ enum bi_message_kind {
     /* An error line QEMU's driver reports on its own, besides the error
      * the call returns (qemu-img prints it with its name in front). */
     BI_MESSAGE_ERROR,
+    /* A line QEMU's tools print on stdout as they go (blkdebug's
+     * breakpoint reports): the program prints it on its output. */
+    BI_MESSAGE_INFO,
 };
 typedef void bi_message_fn(void *opaque, enum bi_message_kind kind,
                            const char *message);
@@ -317,6 +320,34 @@ BI_EXPORT int bi_aio_in_flight(void);
  * of requests in flight. */
 BI_EXPORT void bi_aio_kick(void);
 BI_EXPORT int bi_aio_wait(void);
+
+/* Breakpoints of a fault-injection filter (qemu-io's break, wait_break,
+ * resume, remove_break; QEMU's bdrv_debug_*). Each call acts on the first
+ * node of n, its file child, its file's file... whose driver has
+ * breakpoints (blkdebug) and returns -ENOTSUP when none has.
+ *
+ * bi_debug_breakpoint: the next request to reach the debug event named
+ * event (QEMU's name, "write_aio") is suspended under tag; the breakpoint
+ * is then gone. -ENOENT for an unknown event. A suspended request is in
+ * flight and waits until resumed; the library reports "blkdebug:
+ * Suspended request 'TAG'" and "blkdebug: Resuming request 'TAG'" as
+ * BI_MESSAGE_INFO lines. A wait that nothing else could end (draining,
+ * closing, a synchronous request) resumes suspended requests rather than
+ * waiting forever.
+ * bi_debug_resume: resumes the newest request suspended under tag (it
+ * runs until it next waits before the call returns); -ENOENT if none.
+ * bi_debug_remove_breakpoint: removes every breakpoint tagged tag and
+ * resumes every request suspended under it; 0 if a breakpoint was
+ * removed, else -ENOENT (as QEMU 7.2, even when it resumed requests).
+ * bi_debug_is_suspended: whether a request is suspended under tag.
+ * bi_debug_wait: runs the event loop until a request is suspended under
+ * tag: 0, or -EDEADLK when no request in flight can get there any more. */
+BI_EXPORT int bi_debug_breakpoint(bi_node *n, const char *event,
+                                  const char *tag);
+BI_EXPORT int bi_debug_remove_breakpoint(bi_node *n, const char *tag);
+BI_EXPORT int bi_debug_resume(bi_node *n, const char *tag);
+BI_EXPORT bool bi_debug_is_suspended(bi_node *n, const char *tag);
+BI_EXPORT int bi_debug_wait(bi_node *n, const char *tag);
 
 /* Runs fn(arg) on a worker thread, from a request context it waits (the
  * caller's coroutine yields); from outside it just blocks. For CPU work

@@ -17,12 +17,15 @@
 const char *tool_prog = "blkimg";
 
 /* The library's messages (warnings, check findings) go to stderr as they
- * are, as qemu-img prints its own; error lines with the program's name. */
+ * are, as qemu-img prints its own; error lines with the program's name;
+ * the lines QEMU prints on stdout (blkdebug's breakpoints) to stdout. */
 static void print_message(void *opaque, enum bi_message_kind kind,
                           const char *message)
 {
     (void)opaque;
-    if (kind == BI_MESSAGE_ERROR)
+    if (kind == BI_MESSAGE_INFO)
+        printf("%s\n", message);
+    else if (kind == BI_MESSAGE_ERROR)
         fprintf(stderr, "%s: %s\n", tool_prog, message);
     else
         fprintf(stderr, "%s\n", message);

@@ -1397,6 +1397,89 @@ static const struct cmdinfo aio_flush_cmd = {
     .oneline = "completes all outstanding aio requests",
 };
 
+/* -------- break, remove_break, resume, wait_break: the breakpoints of
+ * a fault-injection filter below the image (blkdebug), as qemu-io 7.2's.
+ * A request suspended at one is in flight; the filter's "Suspended" and
+ * "Resuming" lines reach stdout through the message handler. */
+
+static int break_f(int argc, char **argv)
+{
+    int ret = bi_debug_breakpoint(g_node, argv[1], argv[2]);
+
+    if (ret < 0) {
+        printf("Could not set breakpoint: %s\n", strerror(-ret));
+    }
+    return ret;
+}
+static const struct cmdinfo break_cmd = {
+    .name = "break",
+    .func = break_f,
+    .argmin = 2,
+    .argmax = 2,
+    .args = "event tag",
+    .oneline = "sets a breakpoint on event and tags the stopped request as tag",
+};
+
+static int remove_break_f(int argc, char **argv)
+{
+    int ret = bi_debug_remove_breakpoint(g_node, argv[1]);
+
+    collect();
+    if (ret < 0) {
+        printf("Could not remove breakpoint %s: %s\n", argv[1], strerror(-ret));
+    }
+    return ret;
+}
+static const struct cmdinfo remove_break_cmd = {
+    .name = "remove_break",
+    .func = remove_break_f,
+    .argmin = 1,
+    .argmax = 1,
+    .args = "tag",
+    .oneline = "remove a breakpoint by tag",
+};
+
+static int resume_f(int argc, char **argv)
+{
+    int ret = bi_debug_resume(g_node, argv[1]);
+
+    collect();
+    if (ret < 0) {
+        printf("Could not resume request: %s\n", strerror(-ret));
+    }
+    return ret;
+}
+static const struct cmdinfo resume_cmd = {
+    .name = "resume",
+    .func = resume_f,
+    .argmin = 1,
+    .argmax = 1,
+    .args = "tag",
+    .oneline = "resumes the request tagged as tag",
+};
+
+/* qemu-io waits forever when no request can reach the tag (or no filter
+ * has breakpoints); blkimg-io says so instead. */
+static int wait_break_f(int argc, char **argv)
+{
+    int ret = bi_debug_wait(g_node, argv[1]);
+
+    collect();
+    if (ret < 0) {
+        printf("Could not wait for request '%s': %s\n", argv[1],
+               strerror(-ret));
+    }
+    return ret;
+}
+static const struct cmdinfo wait_break_cmd = {
+    .name = "wait_break",
+    .func = wait_break_f,
+    .argmin = 1,
+    .argmax = 1,
+    .args = "tag",
+    .oneline = "waits for the suspension of a request",
+};
+
 /* -------- flush, truncate, length, info */
 
 static int flush_f(int argc, char **argv)
@@ -2867,11 +2950,13 @@ static const struct cmdinfo help_cmd = {
 
 /* Sorted by name, as help lists them. */
 static const struct cmdinfo *const cmdtab[] = {
-    &abort_cmd,  &aio_flush_cmd, &aio_read_cmd, &aio_write_cmd, &alloc_cmd,
-    &close_cmd,  &discard_cmd,   &flush_cmd,    &help_cmd,      &info_cmd,
-    &length_cmd, &map_cmd,       &open_cmd,     &quit_cmd,      &read_cmd,
-    &readv_cmd,  &reopen_cmd,    &sigraise_cmd, &sleep_cmd,     &truncate_cmd,
-    &write_cmd,  &writev_cmd,
+    &abort_cmd,    &aio_flush_cmd,    &aio_read_cmd, &aio_write_cmd,
+    &alloc_cmd,    &break_cmd,        &close_cmd,    &discard_cmd,
+    &flush_cmd,    &help_cmd,         &info_cmd,     &length_cmd,
+    &map_cmd,      &open_cmd,         &quit_cmd,     &read_cmd,
+    &readv_cmd,    &remove_break_cmd, &reopen_cmd,   &resume_cmd,
+    &sigraise_cmd, &sleep_cmd,        &truncate_cmd, &wait_break_cmd,
+    &write_cmd,    &writev_cmd,
 };
 
 static const struct cmdinfo *find_command(const char *cmd)

@@ -304,8 +304,17 @@ struct bi_driver {
     bi_node *(*open_as_file)(const char *filename, const struct bi_open_opts *o,
                              bi_error *err);
     /* Filters for fault injection: an event happened in a node above
-     * (bi_debug_event). Must not yield. NULL: passed further down. */
+     * (bi_debug_event). Yields only to suspend the request at a
+     * breakpoint (below). NULL: passed further down. */
     void (*debug_event)(bi_node *n, enum bi_debug_event ev);
+    /* Breakpoints (bi_debug_breakpoint and friends in blkimg.h, whose
+     * contracts they keep); debug_event may then yield, in a coroutine,
+     * to suspend the request that raised it. NULL: passed further down. */
+    int (*debug_breakpoint)(bi_node *n, enum bi_debug_event ev,
+                            const char *tag);
+    int (*debug_remove_breakpoint)(bi_node *n, const char *tag);
+    int (*debug_resume)(bi_node *n, const char *tag);
+    bool (*debug_is_suspended)(bi_node *n, const char *tag);
 };
 
 /* Write flag of the generic layer only (never reaches a driver): the

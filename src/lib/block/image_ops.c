@@ -104,8 +104,8 @@ int bi_make_empty(bi_node *n, bi_error *err)
         return -EACCES;
     }
     int ret = bi_run_co(make_empty_co, n);
-    if (ret < 0)
-        bi_error_set(err, -ret, "Could not empty '%s'", n->filename);
+    if (ret < 0) /* QEMU's bdrv_make_empty */
+        bi_error_set(err, -ret, "Failed to empty %s", n->filename);
     return ret;
 }
 

@@ -18,6 +18,17 @@
  * QEMU's "immediately" only decides whether the error comes before or
  * after one turn of the event loop; here both fail at once.
  *
+ * Breakpoints (bi_debug_breakpoint; qemu-io's break, resume, wait_break,
+ * remove_break) are QEMU's suspend rules: the first request to raise the
+ * breakpoint's event after it was set, in a coroutine, is suspended under
+ * its tag and the breakpoint is gone. The request yields until every
+ * suspension it took (one per breakpoint on that event) was resumed; a
+ * resume from outside a coroutine enters it at once, as QEMU's does, so
+ * it runs until it next waits before the call returns. Suspended requests
+ * of every blkdebug node are in one list, so that the event loop's stall
+ * hook can release the oldest when nothing else could end a wait (qemu-io
+ * would hang there instead).
+ *
  * align and max-transfer become the node's limits; zero writes shorter
  * than opt-write-zero (or the alignment) are refused with ENOTSUP (so the
  * layer above writes zeroes itself), discards shorter than opt-discard
@@ -25,6 +36,8 @@
  */
 #include "filter/blkdebug.h"
 #include "filter/filter.h"
+#include "io/aio.h"
+#include "util/coroutine.h"
 #include "util/util.h"
 
 #include <errno.h>
@@ -33,8 +46,27 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A breakpoint: QEMU's suspend rule. */
+struct bd_break {
+    int event; /* enum bi_debug_event */
+    char *tag;
+    struct bd_break *next;
+};
+
+/* A request suspended at a breakpoint (QEMU's BlkdebugSuspendedReq). */
+struct bd_suspended {
+    bi_node *node; /* the filter */
+    bi_co *co;
+    char *tag;
+    struct bd_suspended *next;
+};
+
+/* Every node's suspended requests, newest first (QEMU's order). */
+static struct bd_suspended *bd_suspended_list;
+
 struct bd_state {
     int64_t state;
+    struct bd_break *breaks; /* newest first */
     struct bd_rules rules;
     struct bd_rule **active; /* in the order they are checked */
     size_t nactive;
@@ -210,9 +242,32 @@ static int bd_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
     return 0;
 }
 
+/* Drops n's suspended requests without resuming them: none is left
+ * after the drain that precedes a close. */
+static void bd_drop_suspended(bi_node *n)
+{
+    for (struct bd_suspended **p = &bd_suspended_list; *p;) {
+        struct bd_suspended *r = *p;
+        if (r->node != n) {
+            p = &r->next;
+            continue;
+        }
+        *p = r->next;
+        free(r->tag);
+        free(r);
+    }
+}
+
 static void bd_close(bi_node *n)
 {
     struct bd_state *s = n->opaque;
+    while (s->breaks) {
+        struct bd_break *b = s->breaks;
+        s->breaks = b->next;
+        free(b->tag);
+        free(b);
+    }
+    bd_drop_suspended(n);
     free(s->rules.v);
     free(s->active);
     s->rules.v = NULL;
@@ -230,6 +285,126 @@ static void bd_refresh_limits(bi_node *n)
     }
     if (s->max_transfer)
         n->limits.max_transfer = s->max_transfer;
+}
+
+/* Whether co still has a suspension nobody resumed. */
+static bool bd_holds(bi_co *co)
+{
+    for (struct bd_suspended *r = bd_suspended_list; r; r = r->next)
+        if (r->co == co)
+            return true;
+    return false;
+}
+
+/* QEMU's suspend rules of ev, newest first: each suspends the running
+ * request under its tag and is removed; the request then waits until
+ * each of its suspensions was resumed. Outside a coroutine (nothing can
+ * wait there) the breakpoints stay. */
+static void bd_suspend(bi_node *n, enum bi_debug_event ev)
+{
+    struct bd_state *s = n->opaque;
+    bi_co *self = bi_co_self();
+    bool any = false;
+    for (struct bd_break **p = &s->breaks; self && *p;) {
+        struct bd_break *b = *p;
+        if (b->event != (int)ev) {
+            p = &b->next;
+            continue;
+        }
+        *p = b->next;
+        struct bd_suspended *r = bi_xzalloc(sizeof(*r));
+        *r = (struct bd_suspended){n, self, b->tag, bd_suspended_list};
+        bd_suspended_list = r;
+        free(b);
+        bi_message(BI_MESSAGE_INFO, "blkdebug: Suspended request '%s'", r->tag);
+        any = true;
+    }
+    while (any && bd_holds(self))
+        bi_co_yield(); /* woken spuriously: still suspended */
+}
+
+/* Unlinks *p and lets its request go on: at once from outside a
+ * coroutine (QEMU enters it), else at the loop's next turn. */
+static void bd_release(struct bd_suspended **p)
+{
+    struct bd_suspended *r = *p;
+    bi_co *co = r->co;
+    *p = r->next;
+    bi_message(BI_MESSAGE_INFO, "blkdebug: Resuming request '%s'", r->tag);
+    free(r->tag);
+    free(r);
+    if (bi_in_co())
+        bi_co_wake(co);
+    else
+        bi_co_enter(co);
+}
+
+static int bd_breakpoint(bi_node *n, enum bi_debug_event ev, const char *tag)
+{
+    struct bd_state *s = n->opaque;
+    struct bd_break *b = bi_xzalloc(sizeof(*b));
+    *b = (struct bd_break){(int)ev, bi_xstrdup(tag), s->breaks};
+    s->breaks = b;
+    return 0;
+}
+
+/* Resumes n's newest request suspended under tag; -ENOENT if none. */
+static int bd_resume(bi_node *n, const char *tag)
+{
+    for (struct bd_suspended **p = &bd_suspended_list; *p; p = &(*p)->next) {
+        if ((*p)->node == n && !strcmp((*p)->tag, tag)) {
+            bd_release(p);
+            return 0;
+        }
+    }
+    return -ENOENT;
+}
+
+/* QEMU 7.2's remove_breakpoint: its answer is whether a breakpoint was
+ * removed; resuming the suspended requests does not change it. */
+static int bd_remove_breakpoint(bi_node *n, const char *tag)
+{
+    struct bd_state *s = n->opaque;
+    int ret = -ENOENT;
+    for (struct bd_break **p = &s->breaks; *p;) {
+        struct bd_break *b = *p;
+        if (strcmp(b->tag, tag)) {
+            p = &b->next;
+            continue;
+        }
+        *p = b->next;
+        free(b->tag);
+        free(b);
+        ret = 0;
+    }
+    while (bd_resume(n, tag) == 0)
+        ;
+    return ret;
+}
+
+static bool bd_is_suspended(bi_node *n, const char *tag)
+{
+    for (struct bd_suspended *r = bd_suspended_list; r; r = r->next)
+        if (r->node == n && !strcmp(r->tag, tag))
+            return true;
+    return false;
+}
+
+/* The loop's stall hook: resumes the oldest suspended request. */
+static bool bd_release_oldest(void)
+{
+    struct bd_suspended **p = &bd_suspended_list;
+    if (!*p)
+        return false;
+    while ((*p)->next)
+        p = &(*p)->next;
+    bd_release(p);
+    return true;
+}
+
+__attribute__((constructor)) static void bd_register_stall_hook(void)
+{
+    bi_loop_set_stall_hook(bd_release_oldest);
 }
 
 /* QEMU's process_rule for every rule of ev, newest first as QEMU keeps
@@ -257,6 +432,7 @@ static void bd_event(bi_node *n, enum bi_debug_event ev)
         s->nactive++;
     }
     s->state = new_state;
+    bd_suspend(n, ev);
 }
 
 /* The error the active rules give a request of type t on [off, off+len)
@@ -378,4 +554,8 @@ const struct bi_driver bi_drv_blkdebug = {
     .get_allocated_file_size = bi_filter_allocated_size,
     .set_perm = bi_filter_set_perm,
     .debug_event = bd_event,
+    .debug_breakpoint = bd_breakpoint,
+    .debug_remove_breakpoint = bd_remove_breakpoint,
+    .debug_resume = bd_resume,
+    .debug_is_suspended = bd_is_suspended,
 };

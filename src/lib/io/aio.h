@@ -33,6 +33,16 @@ int bi_run_in_threads(int (*fn)(void *), void *const *args, int n);
  * for an event if blocking and something is in flight). Returns the number
  * of things done. */
 int bi_loop_run_once(bool blocking);
+/* Whether a pass of bi_loop_run_once that did `did` things leaves the
+ * loop with nothing it could ever do: no I/O pending, no coroutine
+ * ready. Coroutines still waiting then wait for something outside the
+ * loop. */
+bool bi_loop_idle(int did);
+/* What may end such a wait: the one party that parks coroutines outside
+ * the loop (a blkdebug breakpoint) registers a hook that releases one and
+ * returns true, or returns false when it holds none. Waits that must end
+ * (draining, a synchronous call) call it before giving up. */
+void bi_loop_set_stall_hook(bool (*hook)(void));
 
 /* Requests in flight at the public API level (bi_aio_*). */
 void bi_loop_request_started(void);

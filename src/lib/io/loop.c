@@ -156,6 +156,24 @@ int bi_loop_run_once(bool blocking)
     return n;
 }
 
+bool bi_loop_idle(int did)
+{
+    return did == 0 && !bi_engine_get()->in_flight && ready_len == 0;
+}
+
+static bool (*stall_hook)(void);
+
+void bi_loop_set_stall_hook(bool (*hook)(void))
+{
+    stall_hook = hook;
+}
+
+/* After an idle pass: whether the stall hook released a coroutine. */
+static bool release_stalled(void)
+{
+    return stall_hook && stall_hook();
+}
+
 struct io_waiter {
     bi_co *co;
     bool done;
@@ -210,8 +228,7 @@ int bi_aio_poll(bool blocking)
 void bi_aio_drain(void)
 {
     while (requests_in_flight || ready_len) {
-        if (bi_loop_run_once(true) == 0 && !bi_engine_get()->in_flight &&
-            !ready_len)
+        if (bi_loop_idle(bi_loop_run_once(true)) && !release_stalled())
             break; /* nothing can make progress */
     }
 }
@@ -442,8 +459,8 @@ int bi_run_co(int (*fn)(void *arg), void *arg)
     struct run_co r = {.fn = fn, .arg = arg};
     bi_co_enter(bi_co_create(run_co_entry, &r));
     while (!r.done) {
-        if (bi_loop_run_once(true) == 0 && !bi_engine_get()->in_flight &&
-            !ready_len && !r.done)
+        if (bi_loop_idle(bi_loop_run_once(true)) && !r.done &&
+            !release_stalled())
             abort(); /* deadlock: a request waits on nothing */
     }
     return r.ret;

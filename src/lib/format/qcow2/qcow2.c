@@ -665,7 +665,8 @@ static int open_load_tables(bi_node *n, qcow2_state *s, bi_error *err)
     ret = bi_co_pread(n->file, s->refcount_table_offset, s->refcount_table,
                       s->refcount_table_size * 8);
     if (ret < 0) {
-        return qc_error(err, ret, "Could not read refcount table: %s",
+        /* QEMU's words: qcow2_refcount_init's failure */
+        return qc_error(err, ret, "Could not initialize refcount handling: %s",
                         strerror(-ret));
     }
     for (uint64_t i = 0; i < s->refcount_table_size; i++)
@@ -923,7 +924,8 @@ static int close_co(void *arg)
     if (ret == 0)
         qc_file_ahead_trim(n);
     /* everything is on disk: a lazy-refcounts image is clean again */
-    if (ret == 0 && (s->incompat & QCOW2_INCOMPAT_DIRTY) && s->marked_dirty)
+    if (ret == 0 && (s->incompat & QCOW2_INCOMPAT_DIRTY) && s->marked_dirty &&
+        !s->corrupt)
         ret = qc_update_incompat(n, s->incompat & ~QCOW2_INCOMPAT_DIRTY);
     bi_co_mutex_unlock(&s->lock);
     return ret;

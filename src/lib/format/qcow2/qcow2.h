@@ -233,6 +233,10 @@ typedef struct qcow2_state {
     struct qcow2_cache l2_cache;
     struct qcow2_cache rb_cache;
     bi_co_mutex lock;
+    /* Debug events of the write being mapped (1 << BI_DBG_...), raised
+     * once the lock is dropped, where QEMU raises them: a request held
+     * at a breakpoint there holds no lock. Set and taken under lock. */
+    uint64_t map_events;
     /* compressed writes take host space in the order they arrive (their
      * compression runs in parallel): a ticket each, served in order */
     uint64_t comp_ticket, comp_turn;

@@ -299,11 +299,14 @@ static int make_completely_empty(bi_node *n, uint64_t l1_clusters)
         if (ret < 0)
             goto out;
     }
-    /* from here until the refcounts are rebuilt the image is dirty */
+    /* from here until the refcounts are rebuilt the image is dirty; the
+     * debug events where QEMU's make_completely_empty raises them */
+    bi_debug_event(n->file, BI_DBG_L1_UPDATE);
     ret = bi_co_pwrite_zeroes(n->file, s->l1_table_offset, l1_clusters * cs, 0);
     if (ret < 0)
         goto broken;
     memset(s->l1_table, 0, (size_t)s->l1_alloc * 8);
+    bi_debug_event(n->file, BI_DBG_EMPTY_IMAGE_PREPARE);
     ret = bi_co_pwrite_zeroes(n->file, cs, (2 + l1_clusters) * cs, 0);
     if (ret < 0)
         goto broken;
@@ -315,6 +318,8 @@ static int make_completely_empty(bi_node *n, uint64_t l1_clusters)
     memcpy(f + 8, &v, 8);
     uint32_t one = htobe32(1);
     memcpy(f + 16, &one, 4);
+    bi_debug_event(n->file, BI_DBG_L1_UPDATE);
+    bi_debug_event(n->file, BI_DBG_REFTABLE_UPDATE);
     ret = qc_write_header_field(n, QH_L1_OFFSET, f, sizeof(f));
     if (ret < 0)
         goto broken;
@@ -358,8 +363,12 @@ static int make_completely_empty(bi_node *n, uint64_t l1_clusters)
         s->file_size = (3 + l1_clusters) * cs;
     goto out;
 broken:
-    /* the in-memory refcounts no longer describe the file */
-    qc_signal_corruption(n, "Could not empty the image: %s", strerror(-ret));
+    /* the in-memory refcounts no longer describe the file: the node is
+     * unusable (QEMU ejects its driver), but the image is not marked
+     * corrupt: the dirty bit on disk has the next writable open rebuild
+     * the refcounts, which a corrupt bit would forbid */
+    s->corrupt = true;
+    s->marked_dirty = false;
 out:
     bi_co_mutex_unlock(&s->lock);
     return ret;

@@ -653,7 +653,7 @@ static int mw_overwrite(bi_node *n, uint64_t off, uint64_t end, uint64_t entry,
     ext->host_offset = host0;
     ext->len = BI_MIN(pos, end) - off;
     assert(ext->len > 0 && ext->len <= end - off);
-    bi_debug_event(n->file, BI_DBG_WRITE_AIO);
+    s->map_events |= 1ULL << BI_DBG_WRITE_AIO;
     if (!s->data_file)
         return qc_check_overlap(n, 0, host0, ext->len);
     return 0;
@@ -828,8 +828,8 @@ static int mw_fill_cow(bi_node *n, const struct qc_alloc *a,
     /* QEMU raises cow_write when it writes the data with the copied
      * bytes, write_aio for the guest data alone; both here */
     if (events)
-        bi_debug_event(n->file, BI_DBG_COW_WRITE);
-    bi_debug_event(n->file, BI_DBG_WRITE_AIO);
+        s->map_events |= 1ULL << BI_DBG_COW_WRITE;
+    s->map_events |= 1ULL << BI_DBG_WRITE_AIO;
     return 0;
 }
 
@@ -928,6 +928,8 @@ static int map_write_locked(bi_node *n, uint64_t off, uint64_t len,
     return mw_allocate(n, a, off, end, entry, partial, keep, ext);
 }
 
+_Static_assert(BI_DBG__MAX <= 64, "map_events holds one bit per event");
+
 int qcow2_co_map(bi_node *n, uint64_t off, uint64_t len, unsigned flags,
                  struct bi_extent *ext)
 {
@@ -944,12 +946,19 @@ int qcow2_co_map(bi_node *n, uint64_t off, uint64_t len, unsigned flags,
     if (s->corrupt)
         return -EIO;
     bi_co_mutex_lock(&s->lock);
+    s->map_events = 0;
     int ret = qc_before_write(n);
     if (ret == 0)
         ret = map_write_locked(n, off, len, ext);
     if (ret == 0)
         ret = qc_bitmaps_mark(n, off, ext->len); /* before the data */
+    uint64_t events = ret == 0 ? s->map_events : 0;
+    s->map_events = 0;
     bi_co_mutex_unlock(&s->lock);
+    if (events & (1ULL << BI_DBG_COW_WRITE))
+        bi_debug_event(n->file, BI_DBG_COW_WRITE);
+    if (events & (1ULL << BI_DBG_WRITE_AIO))
+        bi_debug_event(n->file, BI_DBG_WRITE_AIO);
     return ret;
 }
 
@@ -1871,14 +1880,18 @@ int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
         uint64_t a = bi_align_up(size, s->cluster_size);
         if (a < n->size && !s->data_file) {
             ret = collect_hosts(n, a, n->size, &dropped, &n_dropped);
-            if (ret < 0)
+            if (ret < 0) {
+                bi_error_set(err, -ret, "Failed to discard cropped clusters");
                 goto out;
+            }
         }
         if (a < n->size) {
             ret = zero_units_locked(
                 n, a, bi_align_up(n->size, s->cluster_size) - a, true, false);
-            if (ret < 0)
+            if (ret < 0) { /* QEMU's words for its discard of the tail */
+                bi_error_set(err, -ret, "Failed to discard cropped clusters");
                 goto out;
+            }
             /* zero flags past the end are meaningless: unallocate */
             for (uint64_t pos = a; pos < n->size; pos += s->cluster_size) {
                 void *t;

@@ -272,6 +272,9 @@ static int write_snapshot_table(bi_node *n, struct qcow2_snapshot *sns,
         return -EFBIG;
     uint64_t off = 0;
     uint8_t *buf = NULL;
+    /* QEMU allocates (nothing) for an empty table too: its event */
+    if (!size)
+        bi_debug_event(n->file, BI_DBG_CLUSTER_ALLOC);
     if (size) {
         int64_t a = qc_alloc_clusters(n, qc_size_to_clusters(s, size));
         if (a < 0)
@@ -680,6 +683,7 @@ int qc_snapshot_delete(bi_node *n, const char *name, bi_error *err)
 {
     qcow2_state *s = n->opaque;
     uint64_t *snl1 = NULL;
+    const char *what = NULL; /* the step that failed, in QEMU's words */
     int ret = snapshots_supported(n, err, "delete", name);
     if (ret < 0)
         return ret;
@@ -713,27 +717,37 @@ int qc_snapshot_delete(bi_node *n, const char *name, bi_error *err)
     ret = write_snapshot_table(n, arr, k);
     if (ret < 0) {
         free(arr);
+        what = "Failed to remove snapshot from snapshot list";
         goto out;
     }
     free(s->snapshots);
     s->snapshots = arr;
     s->nb_snapshots = k;
-    /* the snapshot is gone from the table: drop its references */
+    /* the snapshot is gone from the table: drop its references (a
+     * failure from here on leaks clusters, as in QEMU; its words) */
     ret = update_snapshot_refcount(n, snl1, sn.l1_size, -1, false);
     if (ret == 0 && sn.l1_size)
         ret = qc_update_refcount(n, sn.l1_table_offset,
                                  (uint64_t)sn.l1_size * 8, -1);
-    if (ret == 0)
+    what = "Failed to free the cluster and L1 table";
+    if (ret == 0) {
         ret = update_snapshot_refcount(n, s->l1_table, s->l1_size, 0, true);
-    if (ret == 0)
+        what = "Failed to update snapshot status in disk";
+    }
+    if (ret == 0) {
         ret = qc_flush_metadata(n);
+        what = NULL;
+    }
     free(sn.id_str);
     free(sn.name);
     free(sn.unknown_extra);
 out:
     bi_co_mutex_unlock(&s->lock);
     free(snl1);
-    if (ret < 0 && err && !err->msg[0])
+    if (ret < 0 && err && !err->msg[0] && what)
+        qc_error(err, ret, "Could not delete snapshot '%s': %s: %s", name, what,
+                 strerror(-ret));
+    else if (ret < 0 && err && !err->msg[0])
         qc_error(err, ret, "Could not delete snapshot '%s': %s", name,
                  strerror(-ret));
     return ret;
