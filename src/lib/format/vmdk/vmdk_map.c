@@ -568,6 +568,9 @@ static int write_compressed_grain(bi_node *n, struct vmdk_extent *e,
     bi_free_aligned(out);
     if (ret < 0)
         return ret;
+    /* an incompressible grain ends past host + grain: end_stream must
+     * not cut it */
+    e->file_size = BI_MAX(e->file_size, host + used);
     e->next_grain = bi_align_up(host + used, VMDK_SECTOR);
     return commit_grains(e, (off - e->start) / e->grain, 1,
                          (uint32_t)(host / VMDK_SECTOR), 0);
