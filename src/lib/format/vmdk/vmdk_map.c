@@ -13,6 +13,7 @@
 
 #include <endian.h>
 #include <errno.h>
+#include <libdeflate.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
@@ -254,22 +255,34 @@ int vmdk_co_block_status(bi_node *n, uint64_t off, uint64_t len,
 
 struct inflate_job {
     const uint8_t *src;
-    uLong slen;
+    size_t slen;
     uint8_t *dst;
-    uLongf dlen;
+    size_t dlen; /* room in dst; then what came out */
 };
 
+/* libdeflate, not zlib: the stream is whole in memory, and its adler32
+ * and copying of stored blocks take half zlib's time (random data is
+ * stored). Bytes past the end of the stream are ignored, as zlib's
+ * uncompress() does. */
 static int inflate_fn(void *arg)
 {
     struct inflate_job *j = arg;
-    return uncompress(j->dst, &j->dlen, j->src, j->slen) == Z_OK ? 0 : -EINVAL;
+    struct libdeflate_decompressor *d = libdeflate_alloc_decompressor();
+    if (!d)
+        return -ENOMEM;
+    size_t in_used;
+    enum libdeflate_result r = libdeflate_zlib_decompress_ex(
+        d, j->src, j->slen, j->dst, j->dlen, &in_used, &j->dlen);
+    libdeflate_free_decompressor(d);
+    return r == LIBDEFLATE_SUCCESS ? 0 : -EINVAL;
 }
 
 /* Inflates the zlib stream of one grain at host (a 12-byte marker first
  * where the extent has markers; QEMU reads up to two grains' worth, cut
  * here at the end of the file) into out (e->grain bytes) on a worker
- * thread; *out_len is what came out. The first 4 KiB tell how much more
- * to read. */
+ * thread; *out_len is what came out. The first read takes a grain and
+ * 4 KiB, which holds any grain that did not grow when compressed (one
+ * I/O); the marker tells whether more is to be read. */
 static int inflate_grain(struct vmdk_extent *e, uint64_t host, uint8_t *out,
                          uint64_t *out_len)
 {
@@ -279,7 +292,8 @@ static int inflate_grain(struct vmdk_extent *e, uint64_t host, uint8_t *out,
     uint8_t *in = bi_alloc_aligned(4096, cap);
     if (!in)
         return -ENOMEM;
-    uint64_t first = BI_MIN(cap, 4096), skip = e->has_marker ? 12 : 0;
+    uint64_t first = BI_MIN(cap, e->grain + 4096),
+             skip = e->has_marker ? 12 : 0;
     int ret = bi_co_pread(e->file, host, in, first);
     uint64_t data_len = BI_MIN(e->grain, cap);
     if (ret == 0 && e->has_marker)
@@ -289,11 +303,11 @@ static int inflate_grain(struct vmdk_extent *e, uint64_t host, uint8_t *out,
     if (ret == 0 && skip + data_len > first)
         ret = bi_co_pread(e->file, host + first, in + first,
                           skip + data_len - first);
-    struct inflate_job j = {in + skip, (uLong)data_len, out, (uLongf)e->grain};
+    struct inflate_job j = {in + skip, data_len, out, e->grain};
     if (ret == 0)
         ret = bi_run_in_thread(inflate_fn, &j);
     bi_free_aligned(in);
-    *out_len = j.dlen;
+    *out_len = ret == 0 ? j.dlen : 0;
     return ret;
 }
 
