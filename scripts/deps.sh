@@ -14,7 +14,7 @@ set -euo pipefail
 PACKAGES=(
     # build
     meson ninja-build pkg-config gcc libc6-dev
-    liburing-dev zlib1g-dev libzstd-dev libcmocka-dev libnbd-dev
+    liburing-dev zlib1g-dev libzstd-dev libdeflate-dev libcmocka-dev libnbd-dev
     nbdkit-plugin-dev
     libcurl4-gnutls-dev librbd-dev librados-dev libgcrypt20-dev
     # tests

@@ -541,3 +541,29 @@ def test_stream_optimized_writes_as_qemu_io(run, blkimg_io, qemu_img, qemu_io,
     q, b = str(tmp_path / "q" / "s.vmdk"), str(tmp_path / "b" / "s.vmdk")
     assert masked(b) == masked(q)
     assert run(qemu_img, "check", b).returncode == 0
+
+
+@pytest.mark.parametrize("cache", [[], ["-t", "none"]], ids=["default", "none"])
+def test_convert_stream_incompressible_tail(run, blkimg, qemu_img, tmp_path,
+                                            cache):
+    """Random grains compress to more than a grain; the last one, at the
+    end of the file, must survive the end of the stream whole (the file
+    ends on the sector after it, as qemu-img's)."""
+    src = tmp_path / "src.raw"
+    with open(src, "wb") as f:
+        f.truncate(4 << 20)
+        f.seek(1 << 20)
+        f.write(os.urandom(128 << 10))
+        f.seek((4 << 20) - (64 << 10))
+        f.write(os.urandom(64 << 10))
+    (tmp_path / "q").mkdir()
+    (tmp_path / "b").mkdir()
+    q, b = str(tmp_path / "q" / "t.vmdk"), str(tmp_path / "b" / "t.vmdk")
+    for exe, out, extra in ((qemu_img, q, []), (blkimg, b, cache)):
+        run(exe, "convert", *extra, "-f", "raw", "-O", "vmdk", "-o",
+            "subformat=streamOptimized", src, out, check=True)
+    assert os.path.getsize(b) == os.path.getsize(q)
+    assert masked(b) == masked(q)
+    assert run(qemu_img, "check", b).returncode == 0
+    cp = run(qemu_img, "compare", "-f", "raw", "-F", "vmdk", src, b)
+    assert cp.returncode == 0, cp.stdout + cp.stderr

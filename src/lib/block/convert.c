@@ -1365,7 +1365,11 @@ int bi_convert(const struct bi_convert_opts *given, bi_error *err)
         s.buf_size =
             BI_MAX(s.cluster, bi_align_down(COMPRESS_CHUNK, s.cluster));
     } else {
-        s.buf_size = BI_MAX(s.buf_size, s.cluster);
+        /* whole clusters of up to DEFAULT_BUF a chunk; larger clusters
+         * (vhdx's blocks, 32 MiB by default) take several chunks, as
+         * with qemu-img: a buffer per worker that large would be pinned
+         * whole for io_uring (256 MiB for eight workers) */
+        s.buf_size = BI_MAX(s.buf_size, BI_MIN(s.cluster, DEFAULT_BUF));
         s.buf_size = BI_MIN(s.buf_size, MAX_BUF);
     }
     s.align = BI_MAX(pow2floor(s.min_sparse / SECTOR) * SECTOR,

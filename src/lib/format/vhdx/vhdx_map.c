@@ -92,30 +92,34 @@ static int map_read(bi_node *n, uint64_t off, uint64_t len,
     return 0;
 }
 
-/* A new block for guest block `block` at host offset `at`, committed to
- * the BAT by vhdx_co_write_done once the data is on disk. */
+/* New blocks for the guest blocks from `block` on (`count` of them),
+ * one host run from offset `at`, committed to the BAT by
+ * vhdx_co_write_done once the data is on disk. */
 struct vhdx_alloc {
     uint64_t block;
+    uint64_t count;
     uint64_t at;
 };
 
-/* Reserves a block at the end of the file, rounded up to a MiB, and
- * grows the file over it (zeroes: the parts the write does not cover
+/* Reserves count blocks at the end of the file, rounded up to a MiB, and
+ * grows the file over them (zeroes: the parts the write does not cover
  * read as zeroes, whatever the old state). Under s->lock. */
-static int grow_for_block(bi_node *n, vhdx_state *s, uint64_t *at)
+static int grow_for_blocks(bi_node *n, vhdx_state *s, uint64_t count,
+                           uint64_t *at)
 {
     *at = bi_align_up(s->file_end, VHDX_MIB);
-    if (*at > (VHDX_BAT_OFFSET_MASK & ~(1ull << 63)))
+    uint64_t end = *at + count * s->block_size;
+    if (end > (VHDX_BAT_OFFSET_MASK & ~(1ull << 63)))
         return -EFBIG;
     if (!n->file->drv->co_truncate)
         return -ENOTSUP;
     bi_error e;
     bi_error_init(&e);
-    int ret = n->file->drv->co_truncate(n->file, *at + s->block_size, false,
-                                        BI_PREALLOC_OFF, &e);
+    int ret =
+        n->file->drv->co_truncate(n->file, end, false, BI_PREALLOC_OFF, &e);
     if (ret < 0)
         return ret;
-    s->file_end = *at + s->block_size;
+    s->file_end = end;
     return 0;
 }
 
@@ -131,8 +135,9 @@ static int first_write(bi_node *n, vhdx_state *s)
     return ret;
 }
 
-/* Maps [off, off + len) for writing: data blocks in place; a block that
- * reads as zeroes gets a new block (one block per extent). */
+/* Maps [off, off + len) for writing: data blocks in place; blocks that
+ * read as zeroes get new blocks, every one the write reaches in one host
+ * run (one data write, one flush, one BAT write for all of them). */
 static int map_write(bi_node *n, uint64_t off, uint64_t len,
                      struct bi_extent *ext)
 {
@@ -159,14 +164,15 @@ static int map_write(bi_node *n, uint64_t off, uint64_t len,
     if (!a)
         return -ENOMEM;
     a->block = off / s->block_size;
+    a->count = (in + (uint64_t)l + s->block_size - 1) / s->block_size;
     bi_co_mutex_lock(&s->lock);
-    ret = grow_for_block(n, s, &a->at);
+    ret = grow_for_blocks(n, s, a->count, &a->at);
     bi_co_mutex_unlock(&s->lock);
     if (ret < 0) {
         free(a);
         return ret;
     }
-    ext->len = BI_MIN(len, s->block_size - in);
+    ext->len = (uint64_t)l;
     ext->host_offset = a->at + in;
     ext->cookie = a;
     ext->flush_before_done = true; /* data on disk before the BAT names it */
@@ -187,20 +193,28 @@ int vhdx_co_map(bi_node *n, uint64_t off, uint64_t len, unsigned flags,
     return map_write(n, off, len, ext);
 }
 
-/* Points the BAT entry of a->block at the new block and writes the BAT
- * sector that holds it. Under s->lock. */
+/* Points the BAT entries of a's blocks at the new blocks and writes the
+ * BAT sectors that hold them, in one write. Under s->lock. */
 static int commit(bi_node *n, vhdx_state *s, const struct vhdx_alloc *a)
 {
-    uint64_t i = vhdx_bat_index(s, a->block);
-    uint64_t old = s->bat[i];
-    s->bat[i] = htole64(a->at | VHDX_BAT_FULLY_PRESENT);
-    uint64_t sec = i * 8 / 512 * 512;
+    uint64_t first = vhdx_bat_index(s, a->block);
+    uint64_t last = vhdx_bat_index(s, a->block + a->count - 1);
+    uint64_t *old = malloc((last - first + 1) * sizeof(*old));
+    if (!old)
+        return -ENOMEM;
+    memcpy(old, s->bat + first, (last - first + 1) * sizeof(*old));
+    for (uint64_t b = 0; b < a->count; b++)
+        s->bat[vhdx_bat_index(s, a->block + b)] =
+            htole64((a->at + b * s->block_size) | VHDX_BAT_FULLY_PRESENT);
+    uint64_t sec = first * 8 / 512 * 512;
+    uint64_t end = bi_align_up((last + 1) * 8, 512);
     /* the BAT region may end inside the sector: never write past it */
-    uint64_t len = BI_MIN(512, (uint64_t)s->bat_length - sec);
+    uint64_t len = BI_MIN(end, (uint64_t)s->bat_length) - sec;
     int ret = bi_co_pwrite(n->file, s->bat_offset + sec,
                            (uint8_t *)s->bat + sec, len, 0);
     if (ret < 0)
-        s->bat[i] = old;
+        memcpy(s->bat + first, old, (last - first + 1) * sizeof(*old));
+    free(old);
     return ret;
 }
 

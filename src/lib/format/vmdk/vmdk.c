@@ -705,6 +705,7 @@ static int vmdk_do_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
     vmdk_state *s = n->opaque;
     s->node = n;
     bi_co_mutex_init(&s->lock);
+    bi_co_queue_init(&s->comp_wait);
     char *buf = NULL;
     int ret = read_desc(n->file, 0, &buf, err);
     if (ret < 0)

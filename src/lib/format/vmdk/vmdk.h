@@ -80,6 +80,11 @@ typedef struct vmdk_state {
     uint32_t cid, parent_cid;
     bool cid_checked, cid_updated;
     uint64_t desc_offset; /* in n->file: where the descriptor text is */
+    /* Compressed writes compress on worker threads, then append their
+     * grains in the order they were called (tickets): the layout of a
+     * stream does not depend on which compression finished first. */
+    uint64_t comp_next, comp_turn;
+    bi_co_queue comp_wait;
 } vmdk_state;
 
 /* vmdk_map.c */

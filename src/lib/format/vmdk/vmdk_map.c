@@ -13,6 +13,7 @@
 
 #include <endian.h>
 #include <errno.h>
+#include <libdeflate.h>
 #include <stdlib.h>
 #include <string.h>
 #include <zlib.h>
@@ -254,22 +255,34 @@ int vmdk_co_block_status(bi_node *n, uint64_t off, uint64_t len,
 
 struct inflate_job {
     const uint8_t *src;
-    uLong slen;
+    size_t slen;
     uint8_t *dst;
-    uLongf dlen;
+    size_t dlen; /* room in dst; then what came out */
 };
 
+/* libdeflate, not zlib: the stream is whole in memory, and its adler32
+ * and copying of stored blocks take half zlib's time (random data is
+ * stored). Bytes past the end of the stream are ignored, as zlib's
+ * uncompress() does. */
 static int inflate_fn(void *arg)
 {
     struct inflate_job *j = arg;
-    return uncompress(j->dst, &j->dlen, j->src, j->slen) == Z_OK ? 0 : -EINVAL;
+    struct libdeflate_decompressor *d = libdeflate_alloc_decompressor();
+    if (!d)
+        return -ENOMEM;
+    size_t in_used;
+    enum libdeflate_result r = libdeflate_zlib_decompress_ex(
+        d, j->src, j->slen, j->dst, j->dlen, &in_used, &j->dlen);
+    libdeflate_free_decompressor(d);
+    return r == LIBDEFLATE_SUCCESS ? 0 : -EINVAL;
 }
 
 /* Inflates the zlib stream of one grain at host (a 12-byte marker first
  * where the extent has markers; QEMU reads up to two grains' worth, cut
  * here at the end of the file) into out (e->grain bytes) on a worker
- * thread; *out_len is what came out. The first 4 KiB tell how much more
- * to read. */
+ * thread; *out_len is what came out. The first read takes a grain and
+ * 4 KiB, which holds any grain that did not grow when compressed (one
+ * I/O); the marker tells whether more is to be read. */
 static int inflate_grain(struct vmdk_extent *e, uint64_t host, uint8_t *out,
                          uint64_t *out_len)
 {
@@ -279,7 +292,8 @@ static int inflate_grain(struct vmdk_extent *e, uint64_t host, uint8_t *out,
     uint8_t *in = bi_alloc_aligned(4096, cap);
     if (!in)
         return -ENOMEM;
-    uint64_t first = BI_MIN(cap, 4096), skip = e->has_marker ? 12 : 0;
+    uint64_t first = BI_MIN(cap, e->grain + 4096),
+             skip = e->has_marker ? 12 : 0;
     int ret = bi_co_pread(e->file, host, in, first);
     uint64_t data_len = BI_MIN(e->grain, cap);
     if (ret == 0 && e->has_marker)
@@ -289,11 +303,11 @@ static int inflate_grain(struct vmdk_extent *e, uint64_t host, uint8_t *out,
     if (ret == 0 && skip + data_len > first)
         ret = bi_co_pread(e->file, host + first, in + first,
                           skip + data_len - first);
-    struct inflate_job j = {in + skip, (uLong)data_len, out, (uLongf)e->grain};
+    struct inflate_job j = {in + skip, data_len, out, e->grain};
     if (ret == 0)
         ret = bi_run_in_thread(inflate_fn, &j);
     bi_free_aligned(in);
-    *out_len = j.dlen;
+    *out_len = ret == 0 ? j.dlen : 0;
     return ret;
 }
 
@@ -531,27 +545,67 @@ int vmdk_co_pwrite_zeroes(bi_node *n, uint64_t off, uint64_t len, int flags)
     return ret;
 }
 
-/* Writes one grain compressed at the end of its extent's file: a marker
- * (guest sector, size) and the zlib stream, to the next sector boundary;
- * then its table entry. */
-static int write_compressed_grain(bi_node *n, struct vmdk_extent *e,
-                                  uint64_t off, const uint8_t *buf,
-                                  uint64_t len)
+/* One grain compressed for the stream: its marker (guest sector, size)
+ * and zlib stream, padded with zeroes to a sector. */
+struct comp_grain {
+    const uint8_t *src;
+    uint64_t off; /* guest offset */
+    uint64_t len; /* a grain, or the image's tail */
+    uint8_t *out; /* bi_blockalign'd, 12 + compressBound(len) rounded */
+    uint64_t used;
+    int ret;
+};
+
+static void compress_grain(struct comp_grain *g)
 {
-    uLongf clen = compressBound((uLong)len);
-    uint64_t total = bi_align_up(12 + clen, VMDK_SECTOR);
-    uint8_t *out = bi_blockalign(e->file, total);
-    if (compress2(out + 12, &clen, buf, (uLong)len, Z_DEFAULT_COMPRESSION) !=
-        Z_OK) {
-        bi_free_aligned(out);
-        return -EINVAL;
+    uLongf clen = compressBound((uLong)g->len);
+    if (compress2(g->out + 12, &clen, g->src, (uLong)g->len,
+                  Z_DEFAULT_COMPRESSION) != Z_OK) {
+        g->ret = -EINVAL;
+        return;
     }
-    uint64_t lba = htole64(off / VMDK_SECTOR);
+    uint64_t lba = htole64(g->off / VMDK_SECTOR);
     uint32_t sz = htole32((uint32_t)clen);
-    memcpy(out, &lba, 8);
-    memcpy(out + 8, &sz, 4);
-    uint64_t used = 12 + clen;
-    memset(out + used, 0, bi_align_up(used, VMDK_SECTOR) - used);
+    memcpy(g->out, &lba, 8);
+    memcpy(g->out + 8, &sz, 4);
+    g->used = 12 + clen;
+    memset(g->out + g->used, 0, bi_align_up(g->used, VMDK_SECTOR) - g->used);
+    g->ret = 0;
+}
+
+struct comp_job {
+    struct comp_grain *g;
+    size_t first, end;
+};
+
+static int compress_fn(void *arg)
+{
+    struct comp_job *j = arg;
+    for (size_t i = j->first; i < j->end; i++)
+        compress_grain(&j->g[i]);
+    return 0;
+}
+
+enum { COMP_JOBS = 2 }; /* the machines blkimg runs on: a few cores */
+
+/* Compresses grains g[0..n) on up to COMP_JOBS worker threads. */
+static int compress_grains(struct comp_grain *g, size_t n)
+{
+    struct comp_job jobs[COMP_JOBS];
+    void *args[COMP_JOBS];
+    int nj = (int)BI_MIN((size_t)COMP_JOBS, n);
+    for (int j = 0; j < nj; j++) {
+        jobs[j] = (struct comp_job){g, n * j / nj, n * (j + 1) / nj};
+        args[j] = &jobs[j];
+    }
+    return bi_run_in_threads(compress_fn, args, nj);
+}
+
+/* Appends compressed grain g at the end of its extent's file, then its
+ * table entry. Under s->lock. */
+static int write_compressed_grain(struct vmdk_extent *e,
+                                  const struct comp_grain *g)
+{
     uint64_t host = e->next_grain;
     int ret = 0;
     if (host + e->grain > e->file_size) {
@@ -564,12 +618,14 @@ static int write_compressed_grain(bi_node *n, struct vmdk_extent *e,
             e->file_size = host + e->grain;
     }
     if (ret == 0)
-        ret = bi_co_pwrite(e->file, host, out, used, 0);
-    bi_free_aligned(out);
+        ret = bi_co_pwrite(e->file, host, g->out, g->used, 0);
     if (ret < 0)
         return ret;
-    e->next_grain = bi_align_up(host + used, VMDK_SECTOR);
-    return commit_grains(e, (off - e->start) / e->grain, 1,
+    /* an incompressible grain ends past host + grain: end_stream must
+     * not cut it */
+    e->file_size = BI_MAX(e->file_size, host + g->used);
+    e->next_grain = bi_align_up(host + g->used, VMDK_SECTOR);
+    return commit_grains(e, (g->off - e->start) / e->grain, 1,
                          (uint32_t)(host / VMDK_SECTOR), 0);
 }
 
@@ -623,44 +679,126 @@ static int plain_write(bi_node *n, uint64_t off, const uint8_t *buf,
     return 0;
 }
 
-/* Grains of compressed extents are compressed one by one (whole grains,
- * or the image's tail, never twice); the other extents take the data as
- * an ordinary write, as QEMU's vmdk does. len 0 ends the stream. */
+/* Waits for the turn of ticket t (see vmdk_state.comp_wait). */
+static void comp_turn_wait(vmdk_state *s, uint64_t t)
+{
+    while (s->comp_turn != t)
+        bi_co_queue_wait(&s->comp_wait);
+}
+
+static void comp_turn_pass(vmdk_state *s)
+{
+    s->comp_turn++;
+    bi_co_queue_wake_all(&s->comp_wait);
+}
+
+/* The grains of [off, off + len) cut for compression: whole grains of
+ * compressed extents, the last maybe the image's tail (checked again when
+ * written); NULL with *ret set on a failure. */
+static struct comp_grain *cut_grains(vmdk_state *s, uint64_t off,
+                                     const uint8_t *buf, uint64_t len,
+                                     size_t *n, int *ret)
+{
+    struct comp_grain *g = NULL;
+    size_t cnt = 0;
+    *ret = 0;
+    for (uint64_t done = 0; done < len;) {
+        struct vmdk_extent *e = vmdk_find_extent(s, off + done);
+        if (!e || !e->compressed) {
+            *ret = -EINVAL;
+            break;
+        }
+        uint64_t l = BI_MIN(e->grain, len - done);
+        struct comp_grain *ng = realloc(g, (cnt + 1) * sizeof(*g));
+        uint8_t *out =
+            ng ? bi_blockalign(
+                     e->file,
+                     bi_align_up(12 + compressBound((uLong)l), VMDK_SECTOR))
+               : NULL;
+        if (ng)
+            g = ng;
+        if (!out) {
+            *ret = -ENOMEM;
+            break;
+        }
+        g[cnt++] = (struct comp_grain){buf + done, off + done, l, out, 0, 0};
+        done += l;
+    }
+    if (*ret < 0) {
+        for (size_t i = 0; i < cnt; i++)
+            bi_free_aligned(g[i].out);
+        free(g);
+        return NULL;
+    }
+    *n = cnt;
+    return g;
+}
+
+/* Writes the compressed grains g[0..n) in order, as QEMU checks them:
+ * each a whole grain (or the image's tail) not written before. Under
+ * s->lock. */
+static int write_grains(vmdk_state *s, const struct comp_grain *g, size_t n)
+{
+    int ret = 0;
+    for (size_t i = 0; i < n && ret == 0; i++) {
+        struct run r;
+        ret = map_run(s, g[i].off, g[i].len, &r);
+        if (ret < 0)
+            break;
+        struct vmdk_extent *e = r.e;
+        uint64_t rel = g[i].off - e->start;
+        if (r.kind == RUN_COMPRESSED || r.kind == RUN_DATA)
+            ret = -EIO; /* QEMU: no rewriting of an allocated grain */
+        else if (!e->compressed || !e->has_marker || rel % e->grain ||
+                 (g[i].len < e->grain &&
+                  g[i].off + g[i].len != e->start + e->len))
+            ret = -EINVAL;
+        else if (!e->gd[rel / e->grain / e->gt_entries])
+            ret = -EIO;
+        else if (g[i].ret < 0)
+            ret = g[i].ret;
+        else
+            ret = write_compressed_grain(e, &g[i]);
+    }
+    return ret;
+}
+
+/* Grains of compressed extents are compressed (whole grains, or the
+ * image's tail, never twice) on worker threads, several requests at
+ * once, and appended in the order of the requests; the other extents
+ * take the data as an ordinary write, as QEMU's vmdk does. len 0 ends
+ * the stream. */
 int vmdk_co_pwrite_compressed(bi_node *n, uint64_t off, const void *buf,
                               uint64_t len)
 {
     vmdk_state *s = n->opaque;
-    if (len == 0)
-        return end_stream(n);
-    struct vmdk_extent *e = vmdk_find_extent(s, off);
-    if (e && !e->compressed)
-        return plain_write(n, off, buf, BI_MIN(len, e->start + e->len - off));
+    uint64_t t = s->comp_next++;
     int ret = 0;
-    bi_co_mutex_lock(&s->lock);
-    for (uint64_t done = 0; done < len && ret == 0;) {
-        struct run r;
-        ret = map_run(s, off + done, len - done, &r);
-        if (ret < 0)
-            break;
-        e = r.e;
-        uint64_t rel = off + done - e->start;
-        uint64_t l = BI_MIN(e->grain, len - done);
-        if (r.kind == RUN_COMPRESSED || r.kind == RUN_DATA)
-            ret = -EIO; /* QEMU: no rewriting of an allocated grain */
-        else if (!e->compressed || !e->has_marker || rel % e->grain ||
-                 (l < e->grain && off + done + l != e->start + e->len))
-            ret = -EINVAL;
-        else if (!e->gd[rel / e->grain / e->gt_entries])
-            ret = -EIO;
-        else
-            ret = write_compressed_grain(n, e, off + done,
-                                         (const uint8_t *)buf + done, l);
-        done += l;
+    size_t cnt = 0;
+    struct comp_grain *g = NULL;
+    struct vmdk_extent *e = len ? vmdk_find_extent(s, off) : NULL;
+    if (len && e && e->compressed) {
+        g = cut_grains(s, off, buf, len, &cnt, &ret);
+        if (g)
+            ret = compress_grains(g, cnt);
     }
-    if (ret == 0 && !s->cid_updated) {
-        ret = vmdk_update_cid(n);
-        s->cid_updated = ret == 0;
+    comp_turn_wait(s, t);
+    if (len == 0) {
+        ret = end_stream(n);
+    } else if (e && !e->compressed) {
+        ret = plain_write(n, off, buf, BI_MIN(len, e->start + e->len - off));
+    } else if (ret == 0) {
+        bi_co_mutex_lock(&s->lock);
+        ret = g ? write_grains(s, g, cnt) : -EINVAL;
+        if (ret == 0 && !s->cid_updated) {
+            ret = vmdk_update_cid(n);
+            s->cid_updated = ret == 0;
+        }
+        bi_co_mutex_unlock(&s->lock);
     }
-    bi_co_mutex_unlock(&s->lock);
+    comp_turn_pass(s);
+    for (size_t i = 0; i < cnt; i++)
+        bi_free_aligned(g[i].out);
+    free(g);
     return ret;
 }

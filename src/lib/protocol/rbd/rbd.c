@@ -80,8 +80,8 @@ static void req_complete(rbd_completion_t c, void *arg)
     struct rbd_state *s = r->s;
     uint64_t one = 1;
 
-    r->ret = rbd_aio_get_return_value(c);
-    rbd_aio_release(c);
+    r->ret = bi_rbd.rbd_aio_get_return_value(c);
+    bi_rbd.rbd_aio_release(c);
     pthread_mutex_lock(&s->lock);
     r->next = s->done_list;
     s->done_list = r;
@@ -129,7 +129,7 @@ static int64_t rbd_call(struct rbd_state *s, enum rbd_op op, uint64_t off,
                         int zero_flags)
 {
     struct rbd_req r = {.s = s, .co = bi_co_self()};
-    int ret = rbd_aio_create_completion(&r, req_complete, &r.comp);
+    int ret = bi_rbd.rbd_aio_create_completion(&r, req_complete, &r.comp);
 
     assert(r.co);
     if (ret < 0) {
@@ -137,23 +137,24 @@ static int64_t rbd_call(struct rbd_state *s, enum rbd_op op, uint64_t off,
     }
     switch (op) {
     case OP_READ:
-        ret = rbd_aio_readv(s->image, iov, iovcnt, off, r.comp);
+        ret = bi_rbd.rbd_aio_readv(s->image, iov, iovcnt, off, r.comp);
         break;
     case OP_WRITE:
-        ret = rbd_aio_writev(s->image, iov, iovcnt, off, r.comp);
+        ret = bi_rbd.rbd_aio_writev(s->image, iov, iovcnt, off, r.comp);
         break;
     case OP_ZERO:
-        ret = rbd_aio_write_zeroes(s->image, off, len, r.comp, zero_flags, 0);
+        ret = bi_rbd.rbd_aio_write_zeroes(s->image, off, len, r.comp,
+                                          zero_flags, 0);
         break;
     case OP_DISCARD:
-        ret = rbd_aio_discard(s->image, off, len, r.comp);
+        ret = bi_rbd.rbd_aio_discard(s->image, off, len, r.comp);
         break;
     case OP_FLUSH:
-        ret = rbd_aio_flush(s->image, r.comp);
+        ret = bi_rbd.rbd_aio_flush(s->image, r.comp);
         break;
     }
     if (ret < 0) {
-        rbd_aio_release(r.comp); /* not issued: no callback comes */
+        bi_rbd.rbd_aio_release(r.comp); /* not issued: no callback comes */
         return ret;
     }
     s->in_flight++;
@@ -189,7 +190,7 @@ struct resize_args {
 static int resize_fn(void *p)
 {
     struct resize_args *a = p;
-    return rbd_resize(a->s->image, a->size);
+    return bi_rbd.rbd_resize(a->s->image, a->size);
 }
 
 /* Grows or shrinks the image to size (one resize at a time). */
@@ -384,8 +385,8 @@ static int diff_fn(void *p)
     struct diff_args *a = p;
     struct rbd_runs *r = a->runs;
 
-    return rbd_diff_iterate2(a->s->image, NULL, r->start, r->end - r->start, 1,
-                             1, diff_cb, a);
+    return bi_rbd.rbd_diff_iterate2(a->s->image, NULL, r->start,
+                                    r->end - r->start, 1, 1, diff_cb, a);
 }
 
 /* Asks librbd for the allocated runs from the object holding off, a
@@ -477,9 +478,9 @@ static bool has_fast_diff(rbd_image_t image)
 {
     uint64_t features = 0, flags = 0;
 
-    return rbd_get_features(image, &features) == 0 &&
+    return bi_rbd.rbd_get_features(image, &features) == 0 &&
            (features & RBD_FEATURE_FAST_DIFF) &&
-           rbd_get_flags(image, &flags) == 0 &&
+           bi_rbd.rbd_get_flags(image, &flags) == 0 &&
            !(flags & RBD_FLAG_FAST_DIFF_INVALID);
 }
 
@@ -495,12 +496,13 @@ static int open_fn(void *p)
         return ret;
     }
     ret = a->read_write
-              ? rbd_open(s->io, s->t.image, &s->image, s->t.snap)
-              : rbd_open_read_only(s->io, s->t.image, &s->image, s->t.snap);
+              ? bi_rbd.rbd_open(s->io, s->t.image, &s->image, s->t.snap)
+              : bi_rbd.rbd_open_read_only(s->io, s->t.image, &s->image,
+                                          s->t.snap);
     if (ret < 0) {
         bi_error_set(a->err, -ret, "error reading header from %s", s->t.image);
         s->image = NULL;
-    } else if ((ret = rbd_stat(s->image, &info, sizeof(info))) < 0) {
+    } else if ((ret = bi_rbd.rbd_stat(s->image, &info, sizeof(info))) < 0) {
         bi_error_set(a->err, -ret, "error getting image info from %s",
                      s->t.image);
     } else {
@@ -516,12 +518,12 @@ static int close_fn(void *p)
     struct rbd_state *s = p;
 
     if (s->image) {
-        rbd_close(s->image);
+        bi_rbd.rbd_close(s->image);
         s->image = NULL;
     }
     if (s->cluster) {
-        rados_ioctx_destroy(s->io);
-        rados_shutdown(s->cluster);
+        bi_rbd.rados_ioctx_destroy(s->io);
+        bi_rbd.rados_shutdown(s->cluster);
         s->cluster = NULL;
     }
     return 0;
@@ -707,12 +709,12 @@ static int rbd_drv_create(const char *filename, const struct bi_create_opts *o,
     }
     if (ret == 0 &&
         (ret = bi_rbd_connect(&t, false, &cluster, &io, err)) == 0) {
-        ret = rbd_create(io, t.image, o->size, &order);
+        ret = bi_rbd.rbd_create(io, t.image, o->size, &order);
         if (ret < 0) {
             bi_error_set(err, -ret, "error rbd create");
         }
-        rados_ioctx_destroy(io);
-        rados_shutdown(cluster);
+        bi_rbd.rados_ioctx_destroy(io);
+        bi_rbd.rados_shutdown(cluster);
     }
     for (int i = 0; keys && i < l.n; i++) {
         free(keys[i]);
@@ -739,7 +741,7 @@ static int rbd_snap_list_all(bi_node *n, struct bi_snapshot_info ***out,
     do {
         free(snaps);
         snaps = bi_xmalloc(sizeof(*snaps) * (size_t)max);
-        ret = rbd_snap_list(s->image, snaps, &max);
+        ret = bi_rbd.rbd_snap_list(s->image, snaps, &max);
     } while (ret == -ERANGE);
     if (ret <= 0) {
         free(snaps);
@@ -754,7 +756,7 @@ static int rbd_snap_list_all(bi_node *n, struct bi_snapshot_info ***out,
         (*out)[i] = sn;
     }
     *count = ret;
-    rbd_snap_list_end(snaps);
+    bi_rbd.rbd_snap_list_end(snaps);
     free(snaps);
     return 0;
 }
@@ -771,7 +773,7 @@ static int rbd_snap_create_co(bi_node *n, const char *name, bi_error *err)
     } else if (strlen(name) >= RBD_SNAP_ID_MAX) {
         r = -ERANGE;
     } else {
-        r = rbd_snap_create(s->image, name);
+        r = bi_rbd.rbd_snap_create(s->image, name);
         if (r < 0)
             bi_message(BI_MESSAGE_ERROR, "failed to create snap: %s",
                        strerror(-r));
@@ -788,7 +790,7 @@ static int rbd_snap_apply_co(bi_node *n, const char *name, bi_error *err)
 {
     struct rbd_state *s = n->opaque;
     uint64_t size;
-    int r = rbd_snap_rollback(s->image, name);
+    int r = bi_rbd.rbd_snap_rollback(s->image, name);
 
     if (r < 0)
         return bi_error_setc(err, r,
@@ -796,7 +798,7 @@ static int rbd_snap_apply_co(bi_node *n, const char *name, bi_error *err)
                              "snapshot: %s",
                              name, strerror(-r));
     /* the snapshot may have another size than the image had */
-    if (rbd_get_size(s->image, &size) == 0)
+    if (bi_rbd.rbd_get_size(s->image, &size) == 0)
         n->size = size;
     return 0;
 }
@@ -826,7 +828,7 @@ static int rbd_snap_delete_co(bi_node *n, const char *name, bi_error *err)
                              "Could not delete snapshot '%s': snapshot not "
                              "found",
                              name);
-    int r = rbd_snap_remove(s->image, name);
+    int r = bi_rbd.rbd_snap_remove(s->image, name);
     if (r < 0)
         return bi_error_setc(err, r,
                              "Could not delete snapshot '%s': Failed to "

@@ -15,10 +15,8 @@
 #define BI_PROTOCOL_RBD_H
 
 #include "block/block.h"
+#include "protocol/rbd/rbd_lib.h"
 #include "util/util.h"
-
-#include <rados/librados.h>
-#include <rbd/librbd.h>
 
 /* Seconds a connection to the monitors may take unless the configuration
  * says otherwise (librados' default, 300, would look like a hang). */

@@ -281,7 +281,7 @@ static int set_pairs(rados_t c, const char *pairs, bi_error *err)
         char *value = p ? next_tok(p, ':', &p) : "";
         unescape(name);
         unescape(value);
-        ret = rados_conf_set(c, name, value);
+        ret = bi_rbd.rados_conf_set(c, name, value);
         if (ret < 0) {
             bi_error_set(err, -ret, "invalid conf option %s", name);
         }
@@ -298,8 +298,9 @@ static int configure(const struct rbd_target *t, bool no_cache, rados_t c,
     int ret;
 
     /* before the file, which may set its own */
-    (void)rados_conf_set(c, "client_mount_timeout", BI_RBD_MOUNT_TIMEOUT);
-    ret = rados_conf_read_file(c, t->conf);
+    (void)bi_rbd.rados_conf_set(c, "client_mount_timeout",
+                                BI_RBD_MOUNT_TIMEOUT);
+    ret = bi_rbd.rados_conf_read_file(c, t->conf);
     if (ret < 0 && t->conf) {
         bi_error_set(err, -ret, "error reading conf file %s", t->conf);
         return ret;
@@ -307,8 +308,8 @@ static int configure(const struct rbd_target *t, bool no_cache, rados_t c,
     if (t->pairs && (ret = set_pairs(c, t->pairs, err)) < 0) {
         return ret;
     }
-    (void)rados_conf_set(c, "rbd_cache", no_cache ? "false" : "true");
-    if (t->key && (ret = rados_conf_set(c, "key", t->key)) < 0) {
+    (void)bi_rbd.rados_conf_set(c, "rbd_cache", no_cache ? "false" : "true");
+    if (t->key && (ret = bi_rbd.rados_conf_set(c, "key", t->key)) < 0) {
         bi_error_set(err, -ret, "Could not set 'key'");
         return ret;
     }
@@ -319,24 +320,28 @@ int bi_rbd_connect(const struct rbd_target *t, bool no_cache, rados_t *cluster,
                    rados_ioctx_t *io, bi_error *err)
 {
     rados_t c;
-    int ret = rados_create(&c, t->user);
+    int ret = bi_rbd_load(err);
+    if (ret < 0) {
+        return ret;
+    }
+    ret = bi_rbd.rados_create(&c, t->user);
 
     if (ret < 0) {
         bi_error_set(err, -ret, "error initializing");
         return ret;
     }
     ret = configure(t, no_cache, c, err);
-    if (ret == 0 && (ret = rados_connect(c)) < 0) {
+    if (ret == 0 && (ret = bi_rbd.rados_connect(c)) < 0) {
         bi_error_set(err, -ret, "error connecting");
     }
-    if (ret == 0 && (ret = rados_ioctx_create(c, t->pool, io)) < 0) {
+    if (ret == 0 && (ret = bi_rbd.rados_ioctx_create(c, t->pool, io)) < 0) {
         bi_error_set(err, -ret, "error opening pool %s", t->pool);
     }
     if (ret < 0) {
-        rados_shutdown(c);
+        bi_rbd.rados_shutdown(c);
         return ret;
     }
-    rados_ioctx_set_namespace(*io, t->ns ? t->ns : "");
+    bi_rbd.rados_ioctx_set_namespace(*io, t->ns ? t->ns : "");
     *cluster = c;
     return 0;
 }
