@@ -103,6 +103,8 @@ struct step {
     bi_node *node; /* ST_ONE: the side to check */
     const char *file;
     uint8_t *b1, *b2;
+    /* the requests' vectors, which live until their callbacks run */
+    struct iovec iov1, iov2;
     int pending;
     int r1, r2;
 };
@@ -134,9 +136,10 @@ static void read2_done(void *opaque, int ret)
 static void submit_read(bi_node *n, struct step *st, uint8_t *buf,
                         bi_aio_cb *cb)
 {
-    struct iovec iov = {buf, st->len};
+    struct iovec *iov = buf == st->b1 ? &st->iov1 : &st->iov2;
+    *iov = (struct iovec){buf, st->len};
     st->pending++;
-    bi_aio_preadv(n, st->off, &iov, 1, cb, st);
+    bi_aio_preadv(n, st->off, iov, 1, cb, st);
 }
 
 /* Plans the next step at w->off into st and starts its reads; false when
