@@ -299,7 +299,11 @@ bi_node *cv_open_opts(const char *filename, const char *fmt, bool image_opts,
     }
     bi_error_init(&err);
     n = bi_open(fname, o, &err);
-    if (!n) {
+    if (!n && o->named_by_options) {
+        /* qemu-img names the image by its options */
+        cv_err("Could not open '%s': %s", filename,
+               tool_open_cause(err.msg, fname));
+    } else if (!n) {
         /* the library's message is qemu's whole line */
         cv_err("%s", err.msg);
     }
@@ -784,6 +788,12 @@ static int check_target(struct cv_run *r)
                "same time");
         return -1;
     }
+    const char *enc = bi_optlist_get(&a->opts, "encryption");
+    if (a->compress && ((enc && strcmp(enc, "off")) ||
+                        bi_optlist_get(&a->opts, "encrypt.format"))) {
+        cv_err("Compression and encryption not supported at the same time");
+        return -1;
+    }
     if (a->bitmaps && a->n_src > 1) {
         cv_err("Copying bitmaps only possible with single source");
         return -1;
@@ -850,8 +860,26 @@ static int open_target(struct cv_run *r)
                a->out_filename, a->out_filename);
         return -1;
     }
-    r->dst = cv_open(a->out_filename, a->out_fmt, a->tgt_image_opts, r->tcache,
-                     true, false, true);
+    /* as qemu-img: the creation options naming key secrets open it too */
+    char **keys = bi_xzalloc(sizeof(*keys) * (size_t)(a->opts.n + 1));
+    for (int i = 0, k = 0; i < a->opts.n; i++) {
+        const char *key = a->opts.v[i].key;
+        size_t kl = strlen(key);
+        if (kl >= 10 && !strcmp(key + kl - 10, "key-secret"))
+            keys[k++] = bi_xasprintf(
+                "%s=%s", key, a->opts.v[i].value ? a->opts.v[i].value : "");
+    }
+    struct bi_open_opts o;
+    bi_open_opts_init(&o);
+    o.cache = r->tcache;
+    o.backing_cache = r->tcache;
+    o.read_write = true;
+    o.quiet_probe = true;
+    o.driver_opts = (const char *const *)keys;
+    r->dst = cv_open_opts(a->out_filename, a->out_fmt, a->tgt_image_opts, &o);
+    for (char **p = keys; *p; p++)
+        free(*p);
+    free(keys);
     if (!r->dst) {
         return -1;
     }
