@@ -258,3 +258,185 @@ def test_info_with_secret(run, qemu_img, blkimg, images, tmp_path):
         b = run([blkimg, "info"] + out + OBJS + ["--image-opts", opts(img)])
         assert (b.returncode, b.stdout) == (0, q.stdout)
 
+
+def header_fields(path):
+    """crypt_method, L1 offset, refcount table offset and the crypto
+    header extension's (offset, length) of a qcow2 file."""
+    import struct
+    d = path.read_bytes()[:65536]
+    ver = struct.unpack(">I", d[4:8])[0]
+    crypt, l1 = struct.unpack(">I", d[32:36])[0], struct.unpack(
+        ">Q", d[40:48])[0]
+    rt = struct.unpack(">Q", d[48:56])[0]
+    off = struct.unpack(">I", d[100:104])[0] if ver == 3 else 72
+    ext = None
+    while True:
+        t, ln = struct.unpack(">II", d[off:off + 8])
+        if t == 0:
+            break
+        if t == 0x0537be77:
+            ext = struct.unpack(">QQ", d[off + 8:off + 24])
+        off += 8 + ((ln + 7) & ~7)
+    return crypt, l1, rt, ext
+
+
+def test_create_as_qemu(run, qemu_img, qemu_io, blkimg, images, tmp_path):
+    img = tmp_path / "new.qcow2"
+    b = run([blkimg, "create", "-f", "qcow2"] + OBJS +
+            ["-o", _luks_opts(""), img, "4M"])
+    assert b.returncode == 0, b.stderr
+    assert b.stdout == (
+        "Formatting '%s', fmt=qcow2 encrypt.format=luks "
+        "encrypt.key-secret=s0 encrypt.iter-time=10 cluster_size=65536 "
+        "extended_l2=off compression_type=zlib size=4194304 "
+        "lazy_refcounts=off refcount_bits=16\n" % img)
+    # QEMU's layout: the LUKS header in the clusters after the L1 table
+    assert header_fields(img) == header_fields(images / "default.qcow2")
+    for out in ([], ["--output=json"]):
+        q = run([qemu_img, "info"] + out + [img], check=True)
+        bi = run([blkimg, "info"] + out + [img])
+        assert (bi.returncode, bi.stdout) == (0, q.stdout)
+    ck = run([qemu_img, "check"] + OBJS + ["--image-opts", opts(img)])
+    assert ck.returncode == 0 and "No errors were found" in ck.stdout
+    # qemu-io reads and writes it with the same secret
+    r = run([qemu_io] + OBJS + ["--image-opts", opts(img), "-c",
+                                "write -P 0x12 1M 64k", "-c",
+                                "read -P 0x12 1M 64k", "-c",
+                                "read -P 0 0 1M"])
+    assert r.returncode == 0 and "verification failed" not in r.stdout
+
+
+@pytest.mark.parametrize("extra", [
+    "encrypt.cipher-alg=aes-128,encrypt.cipher-mode=cbc,"
+    "encrypt.ivgen-alg=essiv,encrypt.ivgen-hash-alg=sha256",
+    "encrypt.cipher-alg=serpent-256,encrypt.hash-alg=sha512",
+    "cluster_size=512",
+    "compat=0.10",
+], ids=["aes128-cbc-essiv", "serpent-sha512", "clusters-512", "v2"])
+def test_create_variants_qemu_reads(run, qemu_img, qemu_io, blkimg,
+                                    blkimg_io, tmp_path, extra):
+    img = tmp_path / "new.qcow2"
+    run([blkimg, "create", "-q", "-f", "qcow2"] + OBJS +
+        ["-o", _luks_opts(extra), img, "4M"], check=True)
+    run([blkimg_io] + OBJS + ["--image-opts", opts(img), "-c",
+                              "write -P 0x21 4k 100k", "-c",
+                              "write -P 0x22 3M 512"], check=True)
+    r = run([qemu_io] + OBJS + ["--image-opts", opts(img), "-c",
+                                "read -P 0x21 4k 100k", "-c",
+                                "read -P 0x22 3M 512", "-c",
+                                "read -P 0 0 4k"])
+    assert r.returncode == 0 and "verification failed" not in r.stdout, \
+        r.stdout + r.stderr
+    ck = run([qemu_img, "check"] + OBJS + ["--image-opts", opts(img)])
+    assert ck.returncode == 0 and "No errors were found" in ck.stdout
+    q = run([qemu_img, "info", "--output=json", img], check=True)
+    b = run([blkimg, "info", "--output=json", img])
+    assert b.stdout == q.stdout
+
+
+@pytest.mark.parametrize("o", [
+    "encrypt.format=luks,encrypt.key-secret=s0,encrypt.cipher-alg=foo",
+    "encrypt.format=luks",
+    "encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=x",
+    "encrypt.format=foo",
+    "encrypt.key-secret=s0",
+    "encryption=on,encrypt.format=luks",
+    "encrypt.format=aes",
+    "encrypt.format=luks,encrypt.key-secret=nope",
+])
+def test_create_refused(run, qemu_img, blkimg, tmp_path, o):
+    img = tmp_path / "e.qcow2"
+    q = run([qemu_img, "create", "-q", "-f", "qcow2"] + OBJS +
+            ["-o", o, img, "1M"])
+    assert not img.exists()
+    b = run([blkimg, "create", "-q", "-f", "qcow2"] + OBJS +
+            ["-o", o, img, "1M"])
+    assert (b.returncode, b.stdout) == (q.returncode, q.stdout) and \
+        b.returncode == 1
+    assert b.stderr == q.stderr.replace("qemu-img:", "blkimg:")
+    assert not img.exists()
+
+
+@pytest.mark.parametrize("o", [
+    "encrypt.format=luks,encrypt.key-secret=s0",
+    "encrypt.format=luks,encrypt.key-secret=s0,encrypt.cipher-alg=aes-128,"
+    "encrypt.cipher-mode=cbc",
+    "encrypt.format=luks,encrypt.key-secret=s0,cluster_size=4k",
+    "encrypt.format=luks,encrypt.key-secret=s0,preallocation=full",
+    "encrypt.format=aes",
+    "encrypt.format=luks",
+    "encrypt.format=luks,encrypt.key-secret=nope",
+])
+@pytest.mark.parametrize("src", [None, "image"])
+def test_measure(run, qemu_img, blkimg, images, tmp_path, o, src):
+    what = ["--size", "1G"] if src is None else \
+        ["--image-opts", opts(copy(images, tmp_path, "default"))]
+    for out in ([], ["--output=json"]):
+        args = ["measure"] + out + OBJS + ["-O", "qcow2", "-o", o] + what
+        q, b = run([qemu_img] + args), run([blkimg] + args)
+        assert (b.returncode, b.stdout) == (q.returncode, q.stdout), \
+            q.stderr + b.stderr
+        assert b.stderr == q.stderr.replace("qemu-img:", "blkimg:")
+
+
+def test_convert_both_ways(run, qemu_img, blkimg, images, tmp_path):
+    src = copy(images, tmp_path, "default")
+    ref = to_raw(run, qemu_img, opts(src), tmp_path / "ref.raw")
+    # encrypted to plain
+    plain = tmp_path / "plain.qcow2"
+    run([blkimg, "convert"] + OBJS + ["--image-opts", opts(src), "-O",
+                                      "qcow2", plain], check=True)
+    c = run([qemu_img, "compare", "-f", "qcow2", "-F", "raw", plain,
+             tmp_path / "ref.raw"])
+    assert c.returncode == 0, c.stdout
+    # plain to encrypted, and raw to encrypted with other ciphers
+    for i, extra in enumerate(["", VARIANTS["aes128-cbc-essiv"]]):
+        enc = tmp_path / ("enc%d.qcow2" % i)
+        run([blkimg, "convert"] + OBJS +
+            ["-O", "qcow2", "-o", _luks_opts(extra, "s1"), plain, enc],
+            check=True)
+        assert to_raw(run, qemu_img, opts(enc, "s1"),
+                      tmp_path / "out.raw") == ref
+        ck = run([qemu_img, "check"] + OBJS + ["--image-opts",
+                                               opts(enc, "s1")])
+        assert ck.returncode == 0, ck.stdout
+        assert b"\x5a" * 4096 not in enc.read_bytes()
+    # -n into an existing encrypted image, named by its options
+    run([blkimg, "convert", "-n"] + OBJS +
+        ["--target-image-opts", "-f", "raw", tmp_path / "ref.raw",
+         opts(tmp_path / "enc1.qcow2", "s1")], check=True)
+    assert to_raw(run, qemu_img, opts(tmp_path / "enc1.qcow2", "s1"),
+                  tmp_path / "out2.raw") == ref
+
+
+def test_convert_compressed_refused(run, qemu_img, blkimg, tmp_path):
+    src = tmp_path / "src.raw"
+    src.write_bytes(b"\x01" * 65536)
+    args = ["convert", "-c"] + OBJS + ["-f", "raw", "-O", "qcow2", "-o",
+                                       _luks_opts(""), src]
+    q = run([qemu_img] + args + [tmp_path / "q.qcow2"])
+    b = run([blkimg] + args + [tmp_path / "b.qcow2"])
+    assert b.returncode == q.returncode == 1
+    assert b.stderr == q.stderr.replace("qemu-img:", "blkimg:")
+
+
+def test_aes_convert_and_write(run, qemu_img, qemu_io, blkimg, blkimg_io,
+                               images, tmp_path):
+    """The legacy AES: qemu-img's image converts to the same bytes; one
+    blkimg creates (as qemu-img 7.2 still does) reads back in qemu-io."""
+    src = copy(images, tmp_path, "aes")
+    b = to_raw(run, blkimg, opts(src), tmp_path / "b.raw")
+    assert b == to_raw(run, qemu_img, opts(src), tmp_path / "q.raw")
+    img = tmp_path / "new-aes.qcow2"
+    run([blkimg, "create", "-q", "-f", "qcow2"] + OBJS +
+        ["-o", "encrypt.format=aes,encrypt.key-secret=s0", img, "1M"],
+        check=True)
+    assert header_fields(img)[0] == 1
+    run([blkimg_io] + OBJS + ["--image-opts", opts(img), "-c",
+                              "write -P 0x31 1k 70k"], check=True)
+    r = run([qemu_io] + OBJS + ["--image-opts", opts(img), "-c",
+                                "read -P 0x31 1k 70k", "-c",
+                                "read -P 0 0 1k"])
+    assert r.returncode == 0 and "verification failed" not in r.stdout
+    assert b"\x31" * 512 not in img.read_bytes()
+
