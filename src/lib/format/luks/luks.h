@@ -27,6 +27,12 @@ extern const struct bi_opt_desc luks_create_opts[];
 int luks_amend(bi_node *n, const char *const *options, bool force,
                bi_amend_status_cb *cb, void *opaque, bi_error *err);
 extern const struct bi_opt_desc luks_amend_opts[];
+/* luks_amend's key slot changes on the header h at base in file (qcow2's
+ * encrypt.* amend options, unprefixed); secret_id unlocks the master key
+ * for a new slot. */
+int luks_amend_keyslots(struct luks_header *h, bi_node *file, uint64_t base,
+                        const char *secret_id, const char *const *options,
+                        bool force, bi_error *err);
 
 /* A LUKS header inside another format's file (qcow2's encrypt.*): opts
  * are the luks creation keys (key-secret, cipher-alg, ..., iter-time)
