@@ -440,3 +440,58 @@ def test_aes_convert_and_write(run, qemu_img, qemu_io, blkimg, blkimg_io,
     assert r.returncode == 0 and "verification failed" not in r.stdout
     assert b"\x31" * 512 not in img.read_bytes()
 
+
+AMEND = [
+    ("encrypt.state=active,encrypt.new-secret=s1,encrypt.iter-time=10",
+     "s0"),
+    ("encrypt.state=active,encrypt.new-secret=s1,encrypt.keyslot=5,"
+     "encrypt.iter-time=10", "s0"),
+    ("encrypt.state=active,encrypt.new-secret=s1,encrypt.keyslot=0,"
+     "encrypt.iter-time=10", "s0"),
+    ("encrypt.state=inactive,encrypt.keyslot=0", "s0"),
+    ("encrypt.state=inactive,encrypt.old-secret=s0", "s0"),
+    ("encrypt.state=active", "s0"),
+    ("encrypt.new-secret=s1", "s0"),
+    ("encrypt.state=active,encrypt.new-secret=s1,encrypt.iter-time=10",
+     "bad"),
+]
+
+
+@pytest.mark.parametrize("o,secret", AMEND)
+def test_amend_keyslots(run, qemu_img, blkimg, images, tmp_path, o, secret):
+    img = copy(images, tmp_path, "default")
+    ref = tmp_path / "ref.qcow2"
+    shutil.copyfile(img, ref)
+    args = lambda p: ["amend"] + OBJS + ["--image-opts", opts(p, secret),
+                                         "-o", o]
+    q = run([qemu_img] + args(ref))
+    b = run([blkimg] + args(img))
+    assert (b.returncode, b.stdout) == (q.returncode, q.stdout)
+    assert b.stderr == q.stderr.replace("qemu-img:", "blkimg:").replace(
+        str(ref), str(img))
+    qi = run([qemu_img, "info", "--output=json", ref], check=True).stdout
+    bi = run([qemu_img, "info", "--output=json", img], check=True).stdout
+    import json
+    slots = lambda t: [s["active"] for s in json.loads(t)[
+        "format-specific"]["data"]["encrypt"]["slots"]]
+    assert slots(bi) == slots(qi)
+    if b.returncode == 0 and "new-secret" in o:
+        # the new passphrase opens the image (to the same data)
+        assert to_raw(run, qemu_img, opts(img, "s1"), tmp_path / "a.raw") \
+            == to_raw(run, qemu_img, opts(ref, "s0"), tmp_path / "b.raw")
+
+
+def test_amend_aes_and_plain_refused(run, qemu_img, blkimg, images,
+                                     tmp_path):
+    img = copy(images, tmp_path, "aes")
+    plain = tmp_path / "plain.qcow2"
+    run([qemu_img, "create", "-q", "-f", "qcow2", plain, "1M"], check=True)
+    for p, o in ((img, opts(img)),
+                 (plain, "driver=qcow2,file.filename=%s" % plain)):
+        before = sha(p)
+        args = ["amend"] + OBJS + ["--image-opts", o, "-o",
+                                   "encrypt.state=inactive,encrypt.keyslot=0"]
+        q, b = run([qemu_img] + args), run([blkimg] + args)
+        assert b.returncode == q.returncode != 0
+        assert b.stderr == q.stderr.replace("qemu-img:", "blkimg:")
+        assert sha(p) == before
