@@ -495,3 +495,25 @@ def test_amend_aes_and_plain_refused(run, qemu_img, blkimg, images,
         assert b.returncode == q.returncode != 0
         assert b.stderr == q.stderr.replace("qemu-img:", "blkimg:")
         assert sha(p) == before
+
+
+@pytest.mark.parametrize("compat", ["1.1", "0.10"])
+def test_unaligned_zero_writes(run, qemu_img, qemu_io, blkimg, blkimg_io,
+                               tmp_path, compat):
+    """Zero writes off encryption sectors: the sectors around them are
+    rewritten encrypted (v2 images have no zero clusters at all)."""
+    img, ref = tmp_path / "z.qcow2", tmp_path / "ref.qcow2"
+    run([blkimg, "create", "-q", "-f", "qcow2"] + OBJS +
+        ["-o", _luks_opts("compat=" + compat), img, "1M"], check=True)
+    shutil.copyfile(img, ref)
+    cmds = []
+    for c in ["write -P 0x55 0 128k", "write -z 100 200",
+              "write -z 65000 70000", "write -z 200k 3k",
+              "discard 0 4k"]:
+        cmds += ["-c", c]
+    run([blkimg_io] + OBJS + ["--image-opts", opts(img)] + cmds, check=True)
+    run([qemu_io] + OBJS + ["--image-opts", opts(ref)] + cmds, check=True)
+    assert to_raw(run, qemu_img, opts(img), tmp_path / "a.raw") == \
+        to_raw(run, qemu_img, opts(ref), tmp_path / "b.raw")
+    ck = run([qemu_img, "check"] + OBJS + ["--image-opts", opts(img)])
+    assert ck.returncode == 0, ck.stdout

@@ -1105,8 +1105,32 @@ static int qc_write_buf(bi_node *n, uint64_t off, const void *buf, uint64_t len)
     return 0;
 }
 
+/* Zeroes [off, off + len) of an encrypted image whose ends are not on
+ * encryption sectors: the whole sectors around it are read, zeroed in
+ * the range and written back (encrypted by qc_write_buf). */
+static int write_zero_sectors(bi_node *n, uint64_t off, uint64_t len)
+{
+    uint64_t a = bi_align_down(off, 512), e = bi_align_up(off + len, 512);
+    uint64_t in = BI_MIN(e, n->size) - a;
+    uint8_t *buf = bi_blockalign(n->file, e - a);
+    if (!buf)
+        return -ENOMEM;
+    memset(buf, 0, e - a);
+    int ret = bi_co_pread(n, a, buf, in);
+    if (ret == 0) {
+        memset(buf + (off - a), 0, len);
+        ret = qc_write_buf(n, a, buf, e - a);
+    }
+    explicit_bzero(buf, e - a);
+    bi_free_aligned(buf);
+    return ret;
+}
+
 static int write_zero_buf(bi_node *n, uint64_t off, uint64_t len)
 {
+    qcow2_state *s = n->opaque;
+    if (s->crypt && (off % 512 || len % 512))
+        return write_zero_sectors(n, off, len);
     uint64_t chunk = BI_MIN(len, 1ULL << 20);
     void *z = bi_blockalign(n->file, chunk);
     if (!z)
