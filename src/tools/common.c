@@ -745,7 +745,7 @@ static int check_driver_opts(const char *driver, char *const *opts,
 
 /* The library's open message is "Could not open '<file>': <cause>"; with
  * --image-opts qemu names the option string instead. */
-static const char *open_cause(const char *msg, const char *file)
+const char *tool_open_cause(const char *msg, const char *file)
 {
     char *pre = bi_xasprintf("Could not open '%s': ", file ? file : "");
     size_t l = strlen(pre);
@@ -883,7 +883,7 @@ static bi_node *open_image(struct tool_image *ti, const char *spec,
     if (!n) {
         if (by_opts) {
             tool_error("Could not open '%s': %s", ti->filename,
-                       open_cause(err.msg, fname));
+                       tool_open_cause(err.msg, fname));
         } else {
             tool_report(&err);
         }

@@ -130,6 +130,9 @@ int tool_object_add(const char *def);
  * NULL on failure. Selects the aio engine when asked. ti->cache is set to
  * the cache mode in effect (--image-opts may change it). */
 bi_node *tool_open(struct tool_image *ti);
+/* The cause in the library's open message msg ("Could not open '<file>':
+ * <cause>"), for a tool that names the image by its options instead. */
+const char *tool_open_cause(const char *msg, const char *file);
 
 /* qemu-img's print_block_option_help(): the creation options of FMT (merged
  * with the file protocol's when FILENAME is given), as `-o help` lists

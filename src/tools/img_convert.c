@@ -299,16 +299,13 @@ bi_node *cv_open_opts(const char *filename, const char *fmt, bool image_opts,
     }
     bi_error_init(&err);
     n = bi_open(fname, o, &err);
-    if (!n) {
-        /* the library's message is qemu's whole line; qemu-img names an
-         * image given by options (json:, --image-opts) as it was given */
-        char *was = bi_xasprintf("Could not open '%s': ", fname ? fname : "");
-        size_t wl = strlen(was);
-        if (fname != filename && !strncmp(err.msg, was, wl))
-            cv_err("Could not open '%s': %s", filename, err.msg + wl);
-        else
-            cv_err("%s", err.msg);
-        free(was);
+    if (!n && o->named_by_options) {
+        /* qemu-img names the image by its options */
+        cv_err("Could not open '%s': %s", filename,
+               tool_open_cause(err.msg, fname));
+    } else if (!n) {
+        /* the library's message is qemu's whole line */
+        cv_err("%s", err.msg);
     }
     if (n && (image_opts || o->named_by_options)) {
         bi_node_set_detect_zeroes(n, cv_detect_zeroes);
@@ -791,6 +788,12 @@ static int check_target(struct cv_run *r)
                "same time");
         return -1;
     }
+    const char *enc = bi_optlist_get(&a->opts, "encryption");
+    if (a->compress && ((enc && strcmp(enc, "off")) ||
+                        bi_optlist_get(&a->opts, "encrypt.format"))) {
+        cv_err("Compression and encryption not supported at the same time");
+        return -1;
+    }
     if (a->bitmaps && a->n_src > 1) {
         cv_err("Copying bitmaps only possible with single source");
         return -1;
@@ -857,36 +860,26 @@ static int open_target(struct cv_run *r)
                a->out_filename, a->out_filename);
         return -1;
     }
-    /* qemu-img opens a target it created with the creation options that
-     * name a key secret (img_add_key_secrets: "key-secret" and
-     * "encrypt.key-secret"), so that an encrypted target unlocks */
-    char **secrets = bi_xzalloc(sizeof(char *));
-    int nsec = 0;
-    for (char **p = r->optv; !a->skip_create && p && *p; p++) {
-        const char *eq = strchr(*p, '=');
-        size_t kl = eq ? (size_t)(eq - *p) : strlen(*p);
-        if (kl >= 10 && !strncmp(*p + kl - 10, "key-secret", 10)) {
-            secrets = realloc(secrets, sizeof(char *) * (nsec + 2));
-            if (!secrets)
-                abort();
-            secrets[nsec++] = *p;
-            secrets[nsec] = NULL;
-        }
+    /* as qemu-img: the creation options naming key secrets open it too */
+    char **keys = bi_xzalloc(sizeof(*keys) * (size_t)(a->opts.n + 1));
+    for (int i = 0, k = 0; i < a->opts.n; i++) {
+        const char *key = a->opts.v[i].key;
+        size_t kl = strlen(key);
+        if (kl >= 10 && !strcmp(key + kl - 10, "key-secret"))
+            keys[k++] = bi_xasprintf(
+                "%s=%s", key, a->opts.v[i].value ? a->opts.v[i].value : "");
     }
-    if (nsec && !a->tgt_image_opts) {
-        struct bi_open_opts o;
-        bi_open_opts_init(&o);
-        o.cache = r->tcache;
-        o.backing_cache = r->tcache;
-        o.read_write = true;
-        o.quiet_probe = true;
-        o.driver_opts = (const char *const *)secrets;
-        r->dst = cv_open_opts(a->out_filename, a->out_fmt, false, &o);
-    } else {
-        r->dst = cv_open(a->out_filename, a->out_fmt, a->tgt_image_opts,
-                         r->tcache, true, false, true);
-    }
-    free(secrets);
+    struct bi_open_opts o;
+    bi_open_opts_init(&o);
+    o.cache = r->tcache;
+    o.backing_cache = r->tcache;
+    o.read_write = true;
+    o.quiet_probe = true;
+    o.driver_opts = (const char *const *)keys;
+    r->dst = cv_open_opts(a->out_filename, a->out_fmt, a->tgt_image_opts, &o);
+    for (char **p = keys; *p; p++)
+        free(*p);
+    free(keys);
     if (!r->dst) {
         return -1;
     }

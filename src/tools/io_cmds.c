@@ -2178,7 +2178,9 @@ static int check_driver_opt(const char *prefix, const char *fmt, const char *kv)
                         prefix, kv + 8, kv + 8);
         return -EINVAL;
     }
-    if (kl >= 7 && !strncmp(kv, "backing", 7) && kv[7] == '.') {
+    if (kl >= 7 && !strncmp(kv, "backing", 7) && kv[7] == '.' &&
+        tool_check_driver_opt(fmt, kv, msg, sizeof(msg)) < 0) {
+        /* the backing file's options a format takes (its key secret) */
         io_error_report("%sOption '%.*s' is not supported", prefix, (int)kl,
                         kv);
         return -EINVAL;

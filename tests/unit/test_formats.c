@@ -96,7 +96,11 @@ int main(void)
     }
 
     d = bi_runtime_opt_find("qcow2", "encrypt.key-secret");
-    ok(d && (d->flags & BI_OPT_REFUSED), "qcow2 encrypt.*: refused prefix");
+    ok(d && d->type == BI_OPT_STRING && (d->flags & BI_OPT_STRONG) &&
+           !(d->flags & BI_OPT_REFUSED),
+       "qcow2 encrypt.key-secret: a strong option");
+    d = bi_runtime_opt_find("qcow2", "backing.encrypt.key-secret");
+    ok(d && !(d->flags & BI_OPT_REFUSED), "qcow2 backing's key secret");
     d = bi_runtime_opt_find("qcow2", "l2-cache-size");
     ok(d && d->type == BI_OPT_SIZE && !(d->flags & BI_OPT_REFUSED),
        "qcow2 l2-cache-size: a size");

@@ -325,6 +325,26 @@ static bi_node *open_format(const char *filename, const char *format,
                             const struct bi_open_opts *o, int depth,
                             char **chain, bi_error *err);
 
+/* The driver options of the backing file among opts: QEMU's "backing.*"
+ * keys without the prefix (e.g. backing.encrypt.key-secret), as a
+ * NULL-terminated array pointing into opts (free the array only); NULL
+ * when there are none. */
+static const char **backing_opts(const char *const *opts)
+{
+    static const char pre[] = "backing.";
+    size_t cnt = 0, k = 0;
+    for (const char *const *p = opts; p && *p; p++)
+        cnt += !strncmp(*p, pre, sizeof(pre) - 1);
+    if (!cnt)
+        return NULL;
+    const char **v = bi_xmalloc((cnt + 1) * sizeof(*v));
+    for (const char *const *p = opts; *p; p++)
+        if (!strncmp(*p, pre, sizeof(pre) - 1))
+            v[k++] = *p + sizeof(pre) - 1;
+    v[k] = NULL;
+    return v;
+}
+
 static int open_backing(bi_node *n, const struct bi_open_opts *o, int depth,
                         char **chain, bi_error *err)
 {
@@ -361,12 +381,14 @@ static int open_backing(bi_node *n, const struct bi_open_opts *o, int depth,
     bo.cache = o->backing_cache;
     bo.quiet_probe = true;
     bo.named_by_options = false; /* QEMU probes a backing file by name */
-    bo.driver_opts = NULL;
+    const char **bopts = backing_opts(o->driver_opts);
+    bo.driver_opts = bopts;
     bo.protocol_opts = NULL;
     bi_error berr;
     bi_error_init(&berr);
     n->backing =
         open_format(path, n->backing_format, &bo, depth + 1, chain, &berr);
+    free(bopts);
     if (!n->backing) {
         bi_error_set(err, 0, "Could not open backing file: %s", berr.msg);
         free(path);

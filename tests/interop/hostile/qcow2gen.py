@@ -100,8 +100,10 @@ def cases(base):
          _ext(_set(base, 72, ">Q", 1 << 9),
               [(0x6803f857, bytes([0, 9]) + b"frobnicated".ljust(46, b"\0"))]),
          "Unsupported qcow2 feature(s): frobnicated"))
-    add(("crypt-aes", _set(base, 32, ">I", 1), "not supported"))
-    add(("crypt-luks", _set(base, 32, ">I", 2), "not supported"))
+    # encrypted: data needs the key secret (QEMU's words)
+    no_key = "Parameter 'encrypt.key-secret' is required for cipher"
+    add(("crypt-aes", _set(base, 32, ">I", 1), no_key))
+    add(("crypt-luks", _set(base, 32, ">I", 2), no_key))
     add(("crypt-unknown", _set(base, 32, ">I", 9),
          "Unsupported encryption method: 9"))
     add(("ext-too-long",

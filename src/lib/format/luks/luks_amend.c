@@ -84,10 +84,19 @@ static int count_active(const struct luks_header *h)
     return n;
 }
 
-static int add_keyslot(bi_node *n, struct luks_state *s,
-                       const struct amend_req *r, bool force, bi_error *err)
+/* The key slots of h, whose header lies at base in file; secret_id is
+ * the passphrase the image was opened with. */
+struct amend_target {
+    struct luks_header *h;
+    bi_node *file;
+    uint64_t base;
+    const char *secret_id;
+};
+
+static int add_keyslot(const struct amend_target *t, const struct amend_req *r,
+                       bool force, bi_error *err)
 {
-    struct luks_header *h = &s->h;
+    struct luks_header *h = t->h;
     int slot = -1;
     if (!r->new_secret)
         return luks_error(err, -EINVAL,
@@ -118,26 +127,26 @@ static int add_keyslot(bi_node *n, struct luks_state *s,
                           slot);
     char *old = NULL, *pw = NULL;
     uint8_t *mk = bi_xmalloc(h->key_bytes);
-    int ret = bi_secret_lookup_utf8(s->secret_id, &old, err);
+    int ret = bi_secret_lookup_utf8(t->secret_id, &old, err);
     if (ret == 0)
-        ret = luks_find_key(h, old, n->file, 0, mk, err);
+        ret = luks_find_key(h, old, t->file, t->base, mk, err);
     if (ret == 0)
         ret = bi_secret_lookup_utf8(r->new_secret, &pw, err);
     if (ret == 0)
         ret = luks_store_key(h, slot, pw, mk,
                              r->has_iter_time ? r->iter_time
                                               : LUKS_DEFAULT_ITER_TIME,
-                             n->file, 0, err);
+                             t->file, t->base, err);
     bi_crypto_wipe_free(mk, h->key_bytes);
     bi_secret_free(old);
     bi_secret_free(pw);
     return ret;
 }
 
-static int erase_keyslots(bi_node *n, struct luks_state *s,
+static int erase_keyslots(const struct amend_target *t,
                           const struct amend_req *r, bool force, bi_error *err)
 {
-    struct luks_header *h = &s->h;
+    struct luks_header *h = t->h;
     char *old = NULL;
     uint8_t *tmp = NULL;
     int ret = 0;
@@ -166,7 +175,7 @@ static int erase_keyslots(bi_node *n, struct luks_state *s,
             goto out;
         }
         if (old) {
-            ret = luks_load_key(h, slot, old, n->file, 0, tmp, err);
+            ret = luks_load_key(h, slot, old, t->file, t->base, tmp, err);
             if (ret == 0)
                 ret = luks_error(err, -EINVAL,
                                  "Given keyslot %i doesn't contain the given "
@@ -189,12 +198,12 @@ static int erase_keyslots(bi_node *n, struct luks_state *s,
                              slot);
             goto out;
         }
-        ret = luks_erase_key(h, slot, n->file, 0, err);
+        ret = luks_erase_key(h, slot, t->file, t->base, err);
     } else if (old) {
         unsigned mask = 0;
         int count = 0;
         for (int i = 0; i < LUKS_SLOTS; i++) {
-            int rv = luks_load_key(h, i, old, n->file, 0, tmp, err);
+            int rv = luks_load_key(h, i, old, t->file, t->base, tmp, err);
             if (rv < 0) {
                 ret = rv;
                 goto out;
@@ -220,7 +229,7 @@ static int erase_keyslots(bi_node *n, struct luks_state *s,
         }
         for (int i = 0; i < LUKS_SLOTS && ret == 0; i++)
             if (mask & (1u << i))
-                ret = luks_erase_key(h, i, n->file, 0, err);
+                ret = luks_erase_key(h, i, t->file, t->base, err);
     } else {
         ret = luks_error(err, -EINVAL,
                          "To erase keyslot(s), either explicit keyslot index "
@@ -234,22 +243,31 @@ out:
     return ret;
 }
 
-int luks_amend(bi_node *n, const char *const *options, bool force,
-               bi_amend_status_cb *cb, void *opaque, bi_error *err)
+int luks_amend_keyslots(struct luks_header *h, bi_node *file, uint64_t base,
+                        const char *secret_id, const char *const *options,
+                        bool force, bi_error *err)
 {
-    struct luks_state *s = n->opaque;
+    struct amend_target t = {h, file, base, secret_id};
     struct amend_req r;
-    (void)cb;
-    (void)opaque;
     int ret = parse(options, &r, err);
     if (ret < 0)
         return ret;
-    ret = r.active ? add_keyslot(n, s, &r, force, err)
-                   : erase_keyslots(n, s, &r, force, err);
+    ret = r.active ? add_keyslot(&t, &r, force, err)
+                   : erase_keyslots(&t, &r, force, err);
     if (ret == 0) {
-        ret = bi_flush(n->file);
+        ret = bi_flush(file);
         if (ret < 0)
             luks_error(err, ret, "Could not flush: %s", strerror(-ret));
     }
     return ret;
+}
+
+int luks_amend(bi_node *n, const char *const *options, bool force,
+               bi_amend_status_cb *cb, void *opaque, bi_error *err)
+{
+    struct luks_state *s = n->opaque;
+    (void)cb;
+    (void)opaque;
+    return luks_amend_keyslots(&s->h, n->file, 0, s->secret_id, options, force,
+                               err);
 }

@@ -315,3 +315,39 @@ int luks_measure(const char *const *opts, bi_node *src, struct bi_measure *out,
     out->fully_allocated = out->required;
     return 0;
 }
+
+/* ---- a LUKS header inside another format's file (qcow2) ---- */
+
+int luks_new_header(const char *const *opts, struct luks_header *h, char **pw,
+                    uint8_t **mk, uint64_t *iter_time, bi_error *err)
+{
+    struct luks_params prm;
+    *mk = NULL;
+    int ret = prepare(opts, &prm, h, pw, err);
+    if (ret < 0)
+        return ret;
+    *mk = bi_xmalloc(h->key_bytes);
+    ret = make_master_key(h, prm.iter_time, *mk, err);
+    if (ret < 0) {
+        bi_crypto_wipe_free(*mk, h->key_bytes);
+        *mk = NULL;
+        bi_secret_free(*pw);
+        *pw = NULL;
+        return ret;
+    }
+    *iter_time = prm.iter_time;
+    return 0;
+}
+
+int luks_new_header_len(const char *const *opts, uint64_t *len, bi_error *err)
+{
+    struct luks_params prm;
+    struct luks_header h;
+    char *pw;
+    int ret = prepare(opts, &prm, &h, &pw, err);
+    if (ret < 0)
+        return ret;
+    bi_secret_free(pw);
+    *len = (uint64_t)h.payload_offset * LUKS_SECTOR;
+    return 0;
+}

@@ -248,31 +248,6 @@ static char *dup_str(const uint8_t *p, size_t len)
     return r;
 }
 
-/* The LUKS header the crypto extension points to, parsed for info. */
-static int read_luks_header(bi_node *n, qcow2_state *s, bi_error *err)
-{
-    uint8_t h[592];
-    if (!s->has_crypto_hdr)
-        return qc_error(err, -EINVAL,
-                        "Missing CRYPTO header for crypt method 2");
-    if (s->crypto_hdr_offset & (s->cluster_size - 1) ||
-        s->crypto_hdr_length < sizeof(h) ||
-        s->crypto_hdr_offset > s->file_size ||
-        s->file_size - s->crypto_hdr_offset < sizeof(h))
-        return qc_error(err, -EINVAL,
-                        "Invalid encryption header offset or length");
-    int ret = bi_co_pread(n->file, s->crypto_hdr_offset, h, sizeof(h));
-    if (ret < 0)
-        return qc_error(err, ret, "Could not read encryption header: %s",
-                        strerror(-ret));
-    bi_error e;
-    bi_error_init(&e);
-    ret = qc_luks_info(h, sizeof(h), &s->luks_info, &e);
-    if (ret < 0)
-        return qc_error(err, ret, "%s", e.msg); /* QEMU's words as they are */
-    return 0;
-}
-
 static int parse_extensions(qcow2_state *s, const uint8_t *hdr, uint64_t start,
                             uint64_t end, bi_error *err)
 {
@@ -475,19 +450,9 @@ static int open_features(bi_node *n, qcow2_state *s,
         return qc_error(err, -EINVAL, "Unsupported encryption method: %u",
                         s->crypt_method);
     }
-    /* Encrypted images: no key handling here. A metadata-only open (info)
-     * shows them as qemu-img info does (LUKS: the header parsed); anything
-     * touching data is refused. */
-    if (s->crypt_method && (!o->metadata_only || o->read_write)) {
-        return qc_error(err, -ENOTSUP,
-                        "Encrypted qcow2 images (%s) are not supported",
-                        s->crypt_method == 1 ? "aes" : "luks");
-    }
-    if (s->crypt_method == 2) {
-        ret = read_luks_header(n, s, err);
-        if (ret < 0)
-            return ret;
-    }
+    ret = qc_crypto_open(n, s, o, err);
+    if (ret < 0)
+        return ret;
 
     if (s->incompat & QCOW2_INCOMPAT_COMPRESSION) {
         if (s->header_length <= QH_COMPRESSION_TYPE ||
@@ -892,6 +857,7 @@ static void qcow2_free_state(bi_node *n)
     free(s->data_file_name);
     bi_value_free(s->luks_info);
     s->luks_info = NULL;
+    qc_crypto_close(s);
     free(s->features);
     free(s->pending_free);
     s->backing_file = s->backing_format = s->data_file_name = NULL;
@@ -962,8 +928,11 @@ static void qcow2_refresh_limits(bi_node *n)
         n->limits.opt_mem_alignment =
             BI_MAX(n->limits.opt_mem_alignment, d->opt_mem_alignment);
     }
-    /* The driver maps any byte range; the host nodes align their own I/O. */
+    /* The driver maps any byte range; the host nodes align their own I/O.
+     * Encrypted images: whole encryption sectors, as QEMU asks. */
     bi_limits_any_range(&n->limits, 0);
+    if (s && s->crypt_method)
+        n->limits.request_alignment = 512;
 }
 
 /* Clusters; one L2 table's guest range bounds a block status answer (as
@@ -1110,8 +1079,12 @@ static const struct bi_opt_desc qcow2_runtime_opts[] = {
     {"cache-clean-interval", BI_OPT_NUMBER,
      "Seconds between unused cache entry removals", NULL, 0},
     {"data-file", BI_OPT_STRING, "The external data file", NULL, 0},
-    {"encrypt.", BI_OPT_STRING, "Encrypted images are not supported", NULL,
-     BI_OPT_PREFIX | BI_OPT_REFUSED},
+    {"encrypt.format", BI_OPT_STRING, "Encryption data format", NULL, 0},
+    {"encrypt.key-secret", BI_OPT_STRING,
+     "ID of secret providing qcow AES key or LUKS passphrase", NULL,
+     BI_OPT_STRONG},
+    {"backing.encrypt.key-secret", BI_OPT_STRING,
+     "The backing file's encrypt.key-secret", NULL, 0},
     {NULL, 0, NULL, NULL, 0},
 };
 

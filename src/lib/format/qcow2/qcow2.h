@@ -24,11 +24,19 @@
 #define BI_QCOW2_H
 
 #include "block/block.h"
+#include "crypto/crypto.h"
 #include "util/coroutine.h"
 #include <endian.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
+
+struct luks_header;
+
+/* crypt_method in the header */
+#define QCOW2_CRYPT_NONE 0
+#define QCOW2_CRYPT_AES 1
+#define QCOW2_CRYPT_LUKS 2
 
 #ifndef BI_BS_RECURSE /* block.h: refine a data run with the file */
 #define BI_BS_RECURSE (1u << 16)
@@ -207,7 +215,13 @@ typedef struct qcow2_state {
     uint32_t crypt_method;
     bool has_crypto_hdr; /* the "full disk encryption" header extension */
     uint64_t crypto_hdr_offset, crypto_hdr_length;
-    bi_value *luks_info; /* info's "encrypt" object of a LUKS image */
+    bi_value *luks_info;      /* info's "encrypt" object of a LUKS image */
+    struct luks_header *luks; /* the parsed LUKS header (crypt_method 2) */
+    /* the sector encryption of the data clusters, NULL until unlocked
+     * (metadata-only opens); its sector positions are host offsets for
+     * LUKS, guest offsets for the legacy AES (qc_crypt_pos) */
+    bi_crypt *crypt;
+    char *key_secret; /* encrypt.key-secret as opened (amend) */
     uint64_t csize_shift, csize_mask, cluster_offset_mask;
 
     uint32_t nb_snapshots;
@@ -473,10 +487,41 @@ static inline void qc_put64(uint8_t *p, uint64_t v)
 int qc_error(bi_error *err, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
-/* ---- LUKS header, for info only (qcow2_luks.c) ---- */
-/* Parses the LUKS1 header h (len bytes) into *info, qemu-img info's
- * "encrypt" object (the caller frees it). */
-int qc_luks_info(const uint8_t *h, size_t len, bi_value **info, bi_error *err);
+/* ---- encryption (qcow2_luks.c) ---- */
+/* Checks the encrypt.* open options against the header's method, reads
+ * the LUKS header (info's "encrypt" object) and, when data will be
+ * accessed, unlocks the key with the secret encrypt.key-secret names
+ * into s->crypt. 0 or -errno with err set in QEMU's words. */
+int qc_crypto_open(bi_node *n, qcow2_state *s, const struct bi_open_opts *o,
+                   bi_error *err);
+void qc_crypto_close(qcow2_state *s);
+/* The luks creation keys among qcow2's "key=value" options: the
+ * encrypt.* keys but encrypt.format, without the prefix (a NULL-terminated
+ * copy, qc_luks_create_opts_free). */
+char **qc_luks_create_opts(const char *const *opts);
+void qc_luks_create_opts_free(char **v);
+/* The luks code's words about its keys as qcow2 says them in QEMU
+ * ("Parameter 'encrypt.key-secret' ..."). */
+void qc_luks_error_words(bi_error *err);
+/* Creation: allocates clusters for the LUKS header h of a new image n
+ * (open read-write, no encryption yet), writes it there with key slot 0
+ * holding mk under pw; the header's offset and length in *off, *len (the
+ * caller writes the crypto header extension). 0 or -errno, err set. */
+int qc_luks_create_header(bi_node *n, struct luks_header *h, const char *pw,
+                          const uint8_t *mk, uint64_t iter_time, uint64_t *off,
+                          uint64_t *len, bi_error *err);
+/* Encrypts (or decrypts) len bytes of buf in place, the data at guest
+ * offset guest stored at host offset host: whole 512-byte sectors, or
+ * -EIO. 0 or -errno. */
+int qc_crypt_buf(qcow2_state *s, bool encrypt, uint64_t guest, uint64_t host,
+                 uint8_t *buf, uint64_t len);
+/* Where the data at guest offset guest, stored at host offset host,
+ * lies in the cipher's sector numbering. */
+static inline uint64_t qc_crypt_pos(const qcow2_state *s, uint64_t guest,
+                                    uint64_t host)
+{
+    return s->crypt_method == QCOW2_CRYPT_LUKS ? host : guest;
+}
 
 /* ---- persistent dirty bitmaps (qcow2_bitmap.c) ---- */
 /* Validates the bitmaps of a consistent extension (one error for a damaged

@@ -8,6 +8,7 @@
  * feature table, bitmaps, unknown ones in their order), end marker, then
  * the backing file name; the whole cluster is written at once and flushed.
  */
+#include "format/luks/luks.h"
 #include "qcow2.h"
 #include "util/util.h"
 
@@ -907,6 +908,25 @@ static void status(bi_amend_status_cb *cb, void *opaque, int64_t off,
         cb(opaque, off, total);
 }
 
+/* The key slots of a LUKS image (encrypt.state, keyslot, old-secret,
+ * new-secret, iter-time), as the luks driver amends them, on the header
+ * in the image's clusters. */
+static int amend_encryption(bi_node *n, const char *const *options, bool force,
+                            bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    if (!s->luks || !s->key_secret)
+        return bi_error_setc(err, -EINVAL,
+                             "Parameter 'encrypt.key-secret' is required for "
+                             "cipher");
+    char **lo = qc_luks_create_opts(options);
+    int ret =
+        luks_amend_keyslots(s->luks, n->file, s->crypto_hdr_offset,
+                            s->key_secret, (const char *const *)lo, force, err);
+    qc_luks_create_opts_free(lo);
+    return ret;
+}
+
 int qcow2_amend(bi_node *n, const char *const *options, bool force,
                 bi_amend_status_cb *cb, void *opaque, bi_error *err)
 {
@@ -915,7 +935,6 @@ int qcow2_amend(bi_node *n, const char *const *options, bool force,
     struct hdr_plan p;
     uint32_t old_version = s->version, new_version = s->version;
     int ret;
-    BI_UNUSED(force);
 
     ret = parse_amend(options, &r, err);
     if (ret < 0)
@@ -932,11 +951,15 @@ int qcow2_amend(bi_node *n, const char *const *options, bool force,
             return -EINVAL;
         }
     }
-    if (r.has_encrypt) {
+    if (r.has_encrypt && !s->crypt_method) {
         bi_error_set(err, 0,
                      "Can't amend encryption options - encryption "
                      "not present");
         return -EINVAL;
+    }
+    if (r.has_encrypt && s->crypt_method != QCOW2_CRYPT_LUKS) {
+        bi_error_set(err, 0, "Only LUKS encryption options can be amended");
+        return -ENOTSUP;
     }
     if (r.has_refcount_bits && (r.refcount_bits == 0 || r.refcount_bits > 64 ||
                                 (r.refcount_bits & (r.refcount_bits - 1)))) {
@@ -961,6 +984,11 @@ int qcow2_amend(bi_node *n, const char *const *options, bool force,
         (new_version != old_version) +
         (r.has_refcount_bits && r.refcount_bits != s->refcount_bits);
 
+    if (r.has_encrypt) {
+        ret = amend_encryption(n, options, force, err);
+        if (ret < 0)
+            return ret;
+    }
     if (new_version > old_version) {
         helper.cur_op = 1;
         helper_cb(&helper, 0, 2);

@@ -5,6 +5,8 @@
  * With preallocation, as QEMU: an empty image grown by the driver's truncate
  * in the preallocation mode (see create_preallocated).
  */
+#include "crypto/secret.h"
+#include "format/luks/luks.h"
 #include "qcow2.h"
 #include "util/util.h"
 #include <endian.h>
@@ -30,6 +32,9 @@ struct qc_create {
     bool data_file_raw;
     enum bi_prealloc prealloc;
     bool prealloc_meta_only; /* L2 tables mapped, no data preallocation */
+    uint32_t crypt;          /* QCOW2_CRYPT_* */
+    char **luks_opts;        /* encrypt.* keys unprefixed (LUKS and AES) */
+    uint64_t crypto_off, crypto_len; /* the LUKS header, once written */
 };
 
 /* qemu 7.2's qcow2 creation options (names, types, help texts, the
@@ -89,6 +94,38 @@ static int parse_bool(const char *key, const char *v, bool *out, bi_error *err)
     return qc_error(err, -EINVAL, "Parameter '%s' expects 'on' or 'off'", key);
 }
 
+/* The encryption options (encryption=on or encrypt.format, and the
+ * encrypt.* keys) into c, checked as QEMU 7.2 checks them before the
+ * cipher's own options. */
+static int parse_encryption(const struct bi_optlist *l, bool encryption,
+                            const char *fmt, struct qc_create *c, bi_error *err)
+{
+    char **kv = bi_xzalloc(sizeof(*kv) * (size_t)(l->n + 1));
+    int n = 0, ret = 0;
+    for (int i = 0; i < l->n; i++)
+        if (!strncmp(l->v[i].key, "encrypt.", 8) &&
+            strcmp(l->v[i].key, "encrypt.format"))
+            kv[n++] = bi_xasprintf("%s=%s", l->v[i].key,
+                                   l->v[i].value ? l->v[i].value : "");
+    if (encryption && fmt)
+        ret = qc_error(err, -EINVAL,
+                       "'encrypt.format' and its alias 'encryption' can't "
+                       "be used at the same time");
+    else if (encryption)
+        fmt = "aes";
+    if (ret == 0 && !fmt && n)
+        ret = qc_error(err, -EINVAL, "Parameter 'encrypt.format' is missing");
+    if (ret == 0 && fmt && strcmp(fmt, "aes") && strcmp(fmt, "luks"))
+        ret = qc_error(err, -EINVAL,
+                       "Parameter 'format' does not accept value '%s'", fmt);
+    if (ret == 0 && fmt) {
+        c->crypt = !strcmp(fmt, "aes") ? QCOW2_CRYPT_AES : QCOW2_CRYPT_LUKS;
+        c->luks_opts = qc_luks_create_opts((const char *const *)kv);
+    }
+    qc_luks_create_opts_free(kv);
+    return ret;
+}
+
 static int parse_opts(const struct bi_create_opts *o, struct qc_create *c,
                       bi_error *err)
 {
@@ -97,6 +134,9 @@ static int parse_opts(const struct bi_create_opts *o, struct qc_create *c,
     bool have_refcount_bits = false;
     bool dup_done = false;
     uint64_t refcount_bits = 16;
+    bool encryption = false;
+    const char *enc_fmt = NULL;
+
     memset(c, 0, sizeof(*c));
     c->version = 3;
     c->cluster_size = 65536;
@@ -190,15 +230,22 @@ static int parse_opts(const struct bi_create_opts *o, struct qc_create *c,
             ret = parse_bool("data_file_raw", v, &c->data_file_raw, err);
             if (ret < 0)
                 goto out;
-        } else if (!strcmp(k, "encryption") || !strncmp(k, "encrypt.", 8)) {
-            ret = qc_error(err, -ENOTSUP,
-                           "Encrypted qcow2 images are not supported");
-            goto out;
+        } else if (!strcmp(k, "encryption")) {
+            ret = parse_bool("encryption", v, &encryption, err);
+            if (ret < 0)
+                goto out;
+        } else if (!strcmp(k, "encrypt.format")) {
+            enc_fmt = v ? v : "";
+        } else if (!strncmp(k, "encrypt.", 8)) {
+            continue; /* gathered below */
         } else {
             ret = qc_error(err, -EINVAL, "Invalid parameter '%s'", k);
             goto out;
         }
     }
+    ret = parse_encryption(&l, encryption, enc_fmt, c, err);
+    if (ret < 0)
+        goto out;
     /* option strings live in l; keep the ones we point to */
     if (c->backing_file && c->backing_file != o->backing_file)
         c->backing_file = bi_xstrdup(c->backing_file);
@@ -343,6 +390,7 @@ static int build_header(const struct qc_create *c, uint8_t *buf,
     qc_put64(buf + QH_L1_OFFSET, l1_off);
     qc_put64(buf + QH_RT_OFFSET, rt_off);
     qc_put32(buf + QH_RT_CLUSTERS, rt_clusters);
+    qc_put32(buf + QH_CRYPT, c->crypt);
     size_t hlen = QH_V2_LENGTH;
     if (c->version >= 3) {
         uint64_t incompat = 0, compat = 0, autoclear = 0;
@@ -370,6 +418,8 @@ static int build_header(const struct qc_create *c, uint8_t *buf,
         need += 8 + bi_align_up(strlen(c->backing_fmt), 8);
     if (data_file_name)
         need += 8 + bi_align_up(strlen(data_file_name), 8);
+    if (c->crypto_len)
+        need += 8 + 16;
     need += 8 + blen; /* end marker, backing name */
     if (need > cs)
         return qc_error(err, -ENOSPC,
@@ -382,6 +432,12 @@ static int build_header(const struct qc_create *c, uint8_t *buf,
     if (data_file_name)
         pos = add_ext(buf, pos, QCOW2_EXT_DATA_FILE, data_file_name,
                       (uint32_t)strlen(data_file_name));
+    if (c->crypto_len) {
+        uint8_t ext[16];
+        qc_put64(ext, c->crypto_off);
+        qc_put64(ext + 8, c->crypto_len);
+        pos = add_ext(buf, pos, QCOW2_EXT_CRYPTO, ext, sizeof(ext));
+    }
     /* QEMU 7.2 leaves the feature name table out of images with clusters
      * of 4 KiB and less */
     size_t ft = BI_ARRAY_SIZE(feature_names) * 48;
@@ -601,9 +657,104 @@ fail:
     return ret;
 }
 
+/* The key material of a new encrypted image, made before the file is:
+ * LUKS, a header with a new master key; AES, the secret checked. */
+struct qc_new_key {
+    struct luks_header h;
+    char *pw;
+    uint8_t *mk;
+    uint64_t iter_time;
+};
+
+static int new_key(const struct qc_create *c, struct qc_new_key *k,
+                   bi_error *err)
+{
+    memset(k, 0, sizeof(*k));
+    int ret;
+    if (c->crypt == QCOW2_CRYPT_LUKS) {
+        ret = luks_new_header((const char *const *)c->luks_opts, &k->h, &k->pw,
+                              &k->mk, &k->iter_time, err);
+    } else {
+        const char *id =
+            luks_opt((const char *const *)c->luks_opts, "key-secret");
+        ret = id ? bi_secret_lookup_utf8(id, &k->pw, err)
+                 : qc_error(err, -EINVAL,
+                            "Parameter 'key-secret' is required for cipher");
+    }
+    qc_luks_error_words(err);
+    return ret;
+}
+
+static void free_key(struct qc_new_key *k)
+{
+    if (k->mk)
+        bi_crypto_wipe_free(k->mk, k->h.key_bytes);
+    bi_secret_free(k->pw);
+    explicit_bzero(&k->h, sizeof(k->h));
+}
+
+/* Rewrites the header of the image at filename (made by write_image or
+ * create_preallocated) with c's encryption method and crypto extension,
+ * as QEMU's header update after its encryption set-up. */
+static int write_crypt_header(const char *filename, const struct qc_create *c,
+                              bi_error *err)
+{
+    struct bi_open_opts oo;
+    bi_open_opts_init(&oo);
+    oo.read_write = true;
+    bi_node *f = bi_open_protocol(filename, &oo, err);
+    if (!f)
+        return err && err->code ? err->code : -EIO;
+    uint8_t *buf = bi_blockalign(f, c->cluster_size);
+    int ret = buf ? bi_pread(f, 0, buf, c->cluster_size) : -ENOMEM;
+    if (ret == 0) {
+        uint64_t l1_off = qc_get64(buf + QH_L1_OFFSET);
+        uint32_t l1_size = qc_get32(buf + QH_L1_SIZE);
+        uint64_t rt_off = qc_get64(buf + QH_RT_OFFSET);
+        uint32_t rt_cl = qc_get32(buf + QH_RT_CLUSTERS);
+        ret = build_header(c, buf, l1_off, l1_size, rt_off, rt_cl, c->data_file,
+                           err);
+    }
+    if (ret == 0)
+        ret = bi_pwrite(f, 0, buf, c->cluster_size, 0);
+    if (ret == 0)
+        ret = bi_flush(f);
+    if (ret < 0 && err && !err->msg[0])
+        qc_error(err, ret, "Could not write qcow2 header: %s", strerror(-ret));
+    bi_free_aligned(buf);
+    bi_close(f, NULL);
+    return ret;
+}
+
+/* Encrypts the new image at filename as QEMU's qcow2_set_up_encryption
+ * after its resize: the LUKS header in clusters allocated after the
+ * image's metadata, then the header's method and extension. */
+static int set_up_encryption(const char *filename, struct qc_create *c,
+                             struct qc_new_key *k, bi_error *err)
+{
+    if (c->crypt == QCOW2_CRYPT_LUKS) {
+        struct bi_open_opts oo;
+        bi_open_opts_init(&oo);
+        oo.format = "qcow2";
+        oo.read_write = true;
+        oo.no_backing = true;
+        bi_node *n = bi_open(filename, &oo, err);
+        if (!n)
+            return err && err->code ? err->code : -EIO;
+        int ret = qc_luks_create_header(n, &k->h, k->pw, k->mk, k->iter_time,
+                                        &c->crypto_off, &c->crypto_len, err);
+        int r2 = bi_close(n, ret < 0 ? NULL : err);
+        if (ret < 0 || r2 < 0)
+            return ret < 0 ? ret : r2;
+    }
+    return write_crypt_header(filename, c, err);
+}
+
 int qcow2_create(const char *filename, const struct bi_create_opts *o,
                  bi_error *err)
 {
+    struct qc_new_key key;
+    bool have_key = false;
     struct qc_create c;
     int ret = parse_opts(o, &c, err);
     if (ret < 0)
@@ -661,11 +812,28 @@ int qcow2_create(const char *filename, const struct bi_create_opts *o,
         if (ret < 0)
             goto out;
     }
+    uint32_t crypt = c.crypt;
+    if (crypt) {
+        ret = new_key(&c, &key, err);
+        have_key = true;
+        if (ret < 0)
+            goto out;
+    }
+    c.crypt = QCOW2_CRYPT_NONE; /* until the LUKS header is in place */
     if (c.prealloc != BI_PREALLOC_OFF || c.prealloc_meta_only)
         ret = create_preallocated(filename, &c, err);
     else
         ret = write_image(filename, &c, err);
+    c.crypt = crypt;
+    if (ret == 0 && crypt) {
+        ret = set_up_encryption(filename, &c, &key, err);
+        if (ret < 0)
+            unlink(filename);
+    }
 out:
+    if (have_key)
+        free_key(&key);
+    qc_luks_create_opts_free(c.luks_opts);
     if (c.backing_file && c.backing_file != o->backing_file)
         free((char *)c.backing_file);
     if (c.backing_fmt && c.backing_fmt != o->backing_fmt)

@@ -315,6 +315,17 @@ out:
     return ret;
 }
 
+/* A data extent of an encrypted image (guest offset goff) carries the
+ * sector encryption for the generic layer. */
+static void set_crypt(const qcow2_state *s, uint64_t goff,
+                      struct bi_extent *ext)
+{
+    if (!s->crypt)
+        return;
+    ext->crypt = s->crypt;
+    ext->crypt_offset = qc_crypt_pos(s, goff, ext->host_offset);
+}
+
 static int map_read(bi_node *n, uint64_t off, uint64_t len,
                     struct bi_extent *ext)
 {
@@ -332,6 +343,7 @@ static int map_read(bi_node *n, uint64_t off, uint64_t len,
         ext->kind = BI_EXT_DATA;
         ext->host = qc_data_node(n);
         ext->host_offset = r.host;
+        set_crypt(s, off, ext);
         break;
     case QC_ZERO_PLAIN:
     case QC_ZERO_ALLOC:
@@ -420,6 +432,9 @@ int qcow2_co_block_status(bi_node *n, uint64_t off, uint64_t len,
         st->flags = 0;
         break;
     }
+    /* QEMU gives no host offset of an encrypted image's data */
+    if (s->crypt_method)
+        st->flags &= ~BI_BS_OFFSET_VALID;
     if (st->flags & BI_BS_OFFSET_VALID) {
         st->offset = r.host;
         st->file = qc_data_node(n);
@@ -505,12 +520,13 @@ static int fill_cow(bi_node *n, uint64_t goff, uint64_t len, uint8_t *buf,
         uint8_t *dst = buf + (pos - goff);
         enum qcow2_sc_type t = qc_sc_type(s, entry, bitmap, sc_index(s, pos));
         switch (t) {
-        case QC_NORMAL:
-            ret = bi_co_pread(qc_data_node(n),
-                              entry_host(s, entry) +
-                                  qc_offset_into_cluster(s, pos),
-                              dst, chunk);
+        case QC_NORMAL: {
+            uint64_t h = entry_host(s, entry) + qc_offset_into_cluster(s, pos);
+            ret = bi_co_pread(qc_data_node(n), h, dst, chunk);
+            if (ret == 0 && s->crypt)
+                ret = qc_crypt_buf(s, false, pos, h, dst, chunk);
             break;
+        }
         case QC_COMPRESSED:
             if (!cbuf) {
                 cbuf = bi_blockalign(n->file, s->cluster_size);
@@ -653,6 +669,7 @@ static int mw_overwrite(bi_node *n, uint64_t off, uint64_t end, uint64_t entry,
     ext->host_offset = host0;
     ext->len = BI_MIN(pos, end) - off;
     assert(ext->len > 0 && ext->len <= end - off);
+    set_crypt(s, off, ext);
     s->map_events |= 1ULL << BI_DBG_WRITE_AIO;
     if (!s->data_file)
         return qc_check_overlap(n, 0, host0, ext->len);
@@ -858,6 +875,7 @@ static int mw_allocate(bi_node *n, struct qc_alloc *a, uint64_t off,
     ext->len = wend - off;
     ext->cow_head_len = off - head;
     ext->cow_tail_len = tail - wend;
+    set_crypt(s, off, ext);
     a->wstart = a->host + (head - c0);
     a->wend = a->host + (tail - c0);
     if (!s->data_file)
@@ -937,8 +955,8 @@ int qcow2_co_map(bi_node *n, uint64_t off, uint64_t len, unsigned flags,
     memset(ext, 0, sizeof(*ext));
     if (len == 0)
         return -EINVAL;
-    if (s->crypt_method)
-        return -ENOTSUP; /* opened for metadata only */
+    if (s->crypt_method && !s->crypt)
+        return -EIO; /* opened for metadata only: no key */
     if (!(flags & BI_MAP_WRITE))
         return map_read(n, off, len, ext);
     if (s->read_only)
@@ -1044,6 +1062,26 @@ out:
     return ret;
 }
 
+/* Writes the extent ext of the write at guest offset off (its plaintext
+ * in iov: COW head, data, COW tail) encrypted, through a bounce buffer. */
+static int write_encrypted(bi_node *n, const struct bi_extent *ext,
+                           const struct iovec *iov, int cnt, uint64_t off)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t total = ext->cow_head_len + ext->len + ext->cow_tail_len;
+    uint64_t h0 = ext->host_offset - ext->cow_head_len;
+    uint8_t *b = bi_blockalign(ext->host, total);
+    if (!b)
+        return -ENOMEM;
+    bi_iov_to_buf(iov, cnt, 0, b, total);
+    int ret = qc_crypt_buf(s, true, off - ext->cow_head_len, h0, b, total);
+    if (ret == 0)
+        ret = bi_co_pwrite(ext->host, h0, b, total, BI_REQ_NO_DETECT_ZEROES);
+    explicit_bzero(b, total);
+    bi_free_aligned(b);
+    return ret;
+}
+
 /* An allocating write done by the driver itself (zero fallback, v2 zero
  * writes, uncompressible clusters): map, write head+data+tail, commit. */
 static int qc_write_buf(bi_node *n, uint64_t off, const void *buf, uint64_t len)
@@ -1061,8 +1099,11 @@ static int qc_write_buf(bi_node *n, uint64_t off, const void *buf, uint64_t len)
         if (ext.cow_tail_len)
             iov[cnt++] = (struct iovec){ext.cow_tail, ext.cow_tail_len};
         uint64_t total = ext.cow_head_len + ext.len + ext.cow_tail_len;
-        ret = bi_co_pwritev(ext.host, ext.host_offset - ext.cow_head_len, total,
-                            iov, cnt, 0);
+        if (ext.crypt)
+            ret = write_encrypted(n, &ext, iov, cnt, off);
+        else
+            ret = bi_co_pwritev(ext.host, ext.host_offset - ext.cow_head_len,
+                                total, iov, cnt, 0);
         ret = qcow2_co_write_done(n, &ext, ret);
         if (ret < 0)
             return ret;
@@ -1073,8 +1114,32 @@ static int qc_write_buf(bi_node *n, uint64_t off, const void *buf, uint64_t len)
     return 0;
 }
 
+/* Zeroes [off, off + len) of an encrypted image whose ends are not on
+ * encryption sectors: the whole sectors around it are read, zeroed in
+ * the range and written back (encrypted by qc_write_buf). */
+static int write_zero_sectors(bi_node *n, uint64_t off, uint64_t len)
+{
+    uint64_t a = bi_align_down(off, 512), e = bi_align_up(off + len, 512);
+    uint64_t in = BI_MIN(e, n->size) - a;
+    uint8_t *buf = bi_blockalign(n->file, e - a);
+    if (!buf)
+        return -ENOMEM;
+    memset(buf, 0, e - a);
+    int ret = bi_co_pread(n, a, buf, in);
+    if (ret == 0) {
+        memset(buf + (off - a), 0, len);
+        ret = qc_write_buf(n, a, buf, e - a);
+    }
+    explicit_bzero(buf, e - a);
+    bi_free_aligned(buf);
+    return ret;
+}
+
 static int write_zero_buf(bi_node *n, uint64_t off, uint64_t len)
 {
+    qcow2_state *s = n->opaque;
+    if (s->crypt && (off % 512 || len % 512))
+        return write_zero_sectors(n, off, len);
     uint64_t chunk = BI_MIN(len, 1ULL << 20);
     void *z = bi_blockalign(n->file, chunk);
     if (!z)

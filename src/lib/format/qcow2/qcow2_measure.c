@@ -10,6 +10,7 @@
  */
 #include "blkimg/convert.h"
 #include "blkimg/image_ops.h"
+#include "format/luks/luks.h"
 #include "qcow2.h"
 #include "util/util.h"
 
@@ -89,6 +90,7 @@ struct measure_params {
     enum bi_prealloc prealloc;
     bool has_backing;
     uint64_t vsize; /* the size option, cluster-aligned */
+    uint64_t luks;  /* bytes of the LUKS header (encrypt.format=luks) */
 };
 
 /* extended_l2 and cluster_size, checked as qcow2 create checks them. */
@@ -166,8 +168,8 @@ static int parse_compat(const char *const *opts, struct measure_params *p,
     return 0;
 }
 
-/* preallocation, backing_file, encryption and size (which must leave the
- * L1 table within QEMU's 32 MiB). */
+/* preallocation, backing_file, encryption (the LUKS header's size) and size
+ * (which must leave the L1 table within QEMU's 32 MiB). */
 static int parse_rest(const char *const *opts, struct measure_params *p,
                       bi_error *err)
 {
@@ -180,8 +182,13 @@ static int parse_rest(const char *const *opts, struct measure_params *p,
     opt_get(opts, "backing_file", &p->has_backing);
     v = opt_get(opts, "encrypt.format", &f);
     if (f && v && !strcmp(v, "luks")) {
-        bi_error_set(err, 0, "LUKS encryption is not supported");
-        return -ENOTSUP;
+        /* the LUKS header's clusters, as QEMU counts them */
+        char **lo = qc_luks_create_opts(opts);
+        int ret = luks_new_header_len((const char *const *)lo, &p->luks, err);
+        qc_luks_create_opts_free(lo);
+        qc_luks_error_words(err);
+        if (ret < 0)
+            return ret;
     }
     v = opt_get(opts, "size", &f);
     if (v && bi_parse_size(v, &p->vsize) < 0) {
@@ -285,7 +292,9 @@ int qcow2_measure(const char *const *opts, bi_node *src, struct bi_measure *out,
     if (p.prealloc == BI_PREALLOC_FULL || p.prealloc == BI_PREALLOC_FALLOC)
         required = vsize;
     int order = __builtin_ctzll(p.refbits);
-    out->fully_allocated = prealloc_size(vsize, p.cs, order, p.ext_l2 ? 16 : 8);
+    uint64_t luks = bi_align_up(p.luks, p.cs);
+    out->fully_allocated =
+        prealloc_size(vsize, p.cs, order, p.ext_l2 ? 16 : 8) + luks;
     out->required = out->fully_allocated - vsize + required;
     out->has_bitmaps = p.version >= 3 && src && bi_bitmap_supported(src);
     out->bitmaps = out->has_bitmaps ? bitmaps_size(src, ssize, p.cs) : 0;
