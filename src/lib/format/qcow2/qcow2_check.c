@@ -46,7 +46,8 @@ struct ck {
     qcow2_state *s;
     struct bi_check_result *res;
     int fix;
-    uint32_t *ref;     /* computed references per host cluster */
+    void *ref;         /* computed references per host cluster (ck_ref) */
+    size_t ref_size;   /* bytes a count: 2 up to 16-bit refcounts, else 4 */
     uint64_t nb;       /* clusters the array covers (QEMU's nb_clusters) */
     uint64_t ref_max;  /* the image's refcount_max, as stored in ref */
     uint64_t file_len; /* bytes of the image file */
@@ -83,6 +84,26 @@ static enum ck_type ck_type_of(const qcow2_state *s, uint64_t e)
     return CK_NORMAL;
 }
 
+/* The computed count of cluster k (k < c->nb). Counts are kept no wider
+ * than the image's refcounts need, as QEMU keeps them: a repair that
+ * reaches far past the end of the file counts every cluster up to there. */
+static uint64_t ck_ref(const struct ck *c, uint64_t k)
+{
+    assert(k < c->nb);
+    return c->ref_size == 2 ? ((const uint16_t *)c->ref)[k]
+                            : ((const uint32_t *)c->ref)[k];
+}
+
+/* Sets the count of cluster k (k < c->nb) to v (at most c->ref_max). */
+static void ck_ref_set(struct ck *c, uint64_t k, uint64_t v)
+{
+    assert(k < c->nb && v <= c->ref_max);
+    if (c->ref_size == 2)
+        ((uint16_t *)c->ref)[k] = (uint16_t)v;
+    else
+        ((uint32_t *)c->ref)[k] = (uint32_t)v;
+}
+
 /* Makes the array cover need clusters (new ones zero). 0 or -errno. */
 static int ck_resize(struct ck *c, uint64_t need)
 {
@@ -90,10 +111,10 @@ static int ck_resize(struct ck *c, uint64_t need)
         return 0;
     if (need > CK_MAX_CLUSTERS)
         return -EFBIG;
-    uint32_t *r = realloc(c->ref, need * sizeof(uint32_t));
+    uint8_t *r = realloc(c->ref, need * c->ref_size);
     if (!r)
         return -ENOMEM;
-    memset(r + c->nb, 0, (need - c->nb) * sizeof(uint32_t));
+    memset(r + c->nb * c->ref_size, 0, (need - c->nb) * c->ref_size);
     c->ref = r;
     c->nb = need;
     return 0;
@@ -125,7 +146,8 @@ static int ck_inc(struct ck *c, uint64_t off, uint64_t size)
         return ret;
     }
     for (uint64_t k = first; k <= last; k++) {
-        if (c->ref[k] >= c->ref_max) {
+        uint64_t count = ck_ref(c, k);
+        if (count >= c->ref_max) {
             bi_message(BI_MESSAGE_CHECK,
                        "ERROR: overflow cluster offset=0x%" PRIx64 "",
                        k << s->cluster_bits);
@@ -137,7 +159,7 @@ static int ck_inc(struct ck *c, uint64_t off, uint64_t size)
             c->res->corruptions++;
             continue;
         }
-        c->ref[k]++;
+        ck_ref_set(c, k, count + 1);
     }
     return 0;
 }
@@ -527,10 +549,10 @@ static int ck_refblocks(struct ck *c)
         int ret = ck_inc(c, off, s->cluster_size);
         if (ret < 0)
             return ret;
-        if (c->ref[cl] != 1) {
+        if (ck_ref(c, cl) != 1) {
             bi_message(BI_MESSAGE_CHECK,
-                       "ERROR refcount block %" PRIu64 " refcount=%" PRIu32 "",
-                       i, c->ref[cl]);
+                       "ERROR refcount block %" PRIu64 " refcount=%" PRIu64 "",
+                       i, ck_ref(c, cl));
             c->res->corruptions++;
             c->rebuild = true;
         }
@@ -574,7 +596,7 @@ static void ck_compare(struct ck *c, int fix, uint64_t *highest)
             c->res->check_errors++;
             continue;
         }
-        uint64_t r2 = c->ref[i];
+        uint64_t r2 = ck_ref(c, i);
         if (r1 || r2)
             *highest = i;
         if (r1 == r2)
@@ -655,7 +677,7 @@ static int64_t ck_alloc_imrt(struct ck *c, uint64_t count, uint64_t *first_free)
     uint64_t cl = *first_free, run = 0;
     bool first_gap = true;
     for (; cl < c->nb && run < count; cl++) {
-        if (c->ref[cl]) {
+        if (ck_ref(c, cl)) {
             run = 0;
             continue;
         }
@@ -672,7 +694,7 @@ static int64_t ck_alloc_imrt(struct ck *c, uint64_t count, uint64_t *first_free)
     }
     cl -= run;
     for (uint64_t i = 0; i < count; i++)
-        c->ref[cl + i] = 1;
+        ck_ref_set(c, cl + i, 1);
     return (int64_t)cl;
 }
 
@@ -709,7 +731,7 @@ static int ck_write_refblock(struct ck *c, uint64_t idx, uint64_t off,
         uint64_t cl = idx * epb + k;
         if (cl >= c->nb)
             break;
-        ck_rb_set(s, buf, k, BI_MIN((uint64_t)c->ref[cl], s->refcount_max));
+        ck_rb_set(s, buf, k, BI_MIN(ck_ref(c, cl), s->refcount_max));
     }
     return bi_co_pwrite(c->n->file, off, buf, s->cluster_size, 0);
 }
@@ -725,7 +747,7 @@ static int ck_write_refblocks(struct ck *c, uint64_t first, uint64_t end,
     uint64_t epb = 1ULL << s->rb_bits, first_free = 0;
     int grown = 0;
     for (uint64_t cl = first; cl < end && cl < c->nb; cl++) {
-        if (!c->ref[cl])
+        if (!ck_ref(c, cl))
             continue;
         uint64_t idx = cl >> s->rb_bits, start = idx << s->rb_bits;
         if (idx >= rt->entries || !rt->t[idx]) {
@@ -948,7 +970,7 @@ static int ck_rebuild_and_recount(struct ck *c, uint64_t *highest)
     c->res->corruptions = 0;
     c->res->leaks = 0;
     c->rebuild = false;
-    memset(c->ref, 0, c->nb * sizeof(uint32_t));
+    memset(c->ref, 0, c->nb * c->ref_size);
     c->fix = 0;
     ret = ck_calculate(c);
     c->fix = fix;
@@ -1189,6 +1211,7 @@ int qcow2_check_image(bi_node *n, struct bi_check_result *res_out, int fix,
         goto out;
     }
     c.file_len = (uint64_t)fsz;
+    c.ref_size = s->refcount_max <= UINT16_MAX ? 2 : 4;
     c.ref_max = BI_MIN(s->refcount_max, (uint64_t)UINT32_MAX);
     c.l2buf = bi_blockalign(n->file, s->cluster_size);
     ret = c.l2buf ? ck_resize(&c, qc_size_to_clusters(s, c.file_len)) : -ENOMEM;
