@@ -33,14 +33,20 @@
 
 static const char *prog = "blkimg-nbd";
 
+/* One line on stderr: "PROG: message". */
+static void vmsg(const char *fmt, va_list ap)
+{
+    fprintf(stderr, "%s: ", prog);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
 static void err_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void err_msg(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "%s: ", prog);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vmsg(fmt, ap);
     va_end(ap);
 }
 
@@ -50,9 +56,7 @@ static void die(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "%s: ", prog);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vmsg(fmt, ap);
     va_end(ap);
     exit(EXIT_FAILURE);
 }
@@ -64,9 +68,7 @@ static void usage_error(const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "%s: ", prog);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    vmsg(fmt, ap);
     va_end(ap);
     fprintf(stderr, "%s: Try `%s --help' for more information.\n", prog, prog);
     exit(EXIT_FAILURE);
