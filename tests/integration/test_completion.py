@@ -97,7 +97,7 @@ def test_blkimg_io_options_and_commands(blkimg, blkimg_io):
     assert {"-c", "--cmd", "-t", "--stats"} <= want
     assert set(complete("_blkimg_io", [blkimg_io, "-"])) == want
     assert sorted(complete("_blkimg_io", [blkimg_io, "-c", "re"])) == \
-        ["read", "readv", "reopen"]
+        ["read", "readv", "remove_break", "reopen", "resume"]
     assert sorted(complete("_blkimg_io", [blkimg_io, "-c", "'wr"])) == \
         ["'write", "'writev"]
     assert set(complete("_blkimg_io", [blkimg_io, "-c", ""])) == \
