@@ -100,11 +100,11 @@ both() {
     BW=- BC=- BM=- QW=- QC=- QM=-
     if [ ${#bw[@]} -gt 0 ]; then
         BW=$(median "${bw[@]}") BC=$(median "${bc[@]}")
-        BM=$(awk -v k="$(printf '%s\n' "${bm[@]}" | sort -g | tail -n 1)" 'BEGIN{printf "%.1f", k / 1024}')
+        BM=$(peak_mib "${bm[@]}")
     fi
     if [ ${#qw[@]} -gt 0 ]; then
         QW=$(median "${qw[@]}") QC=$(median "${qc[@]}")
-        QM=$(awk -v k="$(printf '%s\n' "${qm[@]}" | sort -g | tail -n 1)" 'BEGIN{printf "%.1f", k / 1024}')
+        QM=$(peak_mib "${qm[@]}")
     fi
 }
 

@@ -127,6 +127,12 @@ median() {
 }
 
 # ratio A B: A/B with two decimals ("-" when either is missing or B is 0).
+# peak_mib KIB...: the largest of the peak RSS figures (KiB, as
+# /usr/bin/time's %M) in MiB with one decimal.
+peak_mib() {
+    awk -v k="$(printf '%s\n' "$@" | sort -g | tail -n 1)" 'BEGIN{printf "%.1f", k / 1024}'
+}
+
 ratio() {
     awk -v a="$1" -v b="$2" 'BEGIN {
         if (a == "" || b == "" || a == "-" || b == "-" || b + 0 == 0)
