@@ -8,12 +8,7 @@
 
 const char *bi_filter_opt(const struct bi_open_opts *o, const char *key)
 {
-    size_t kl = strlen(key);
-    const char *v = NULL;
-    for (const char *const *p = o->protocol_opts; p && *p; p++)
-        if (!strncmp(*p, key, kl) && (*p)[kl] == '=')
-            v = *p + kl + 1;
-    return v;
+    return bi_opts_value(o->protocol_opts, key);
 }
 
 char *bi_filter_escape(const char *s)

@@ -24,12 +24,7 @@ static int raw_probe(const uint8_t *buf, size_t len, const char *filename)
 /* The last "key=value" of opts for key, or NULL. */
 static const char *opt_value(const char *const *opts, const char *key)
 {
-    size_t kl = strlen(key);
-    const char *v = NULL;
-    for (const char *const *p = opts; p && *p; p++)
-        if (!strncmp(*p, key, kl) && (*p)[kl] == '=')
-            v = *p + kl + 1;
-    return v;
+    return bi_opts_value(opts, key);
 }
 
 /* Opens raw: with offset or size among its options, its file becomes a

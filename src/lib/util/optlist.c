@@ -123,3 +123,15 @@ void bi_optlist_free(struct bi_optlist *l)
     l->v = NULL;
     l->n = 0;
 }
+
+const char *bi_opts_value(const char *const *opts, const char *key)
+{
+    size_t kl = strlen(key);
+    const char *v = NULL;
+    for (const char *const *p = opts; p && *p; p++) {
+        if (!strncmp(*p, key, kl) && (*p)[kl] == '=') {
+            v = *p + kl + 1;
+        }
+    }
+    return v;
+}

@@ -172,6 +172,10 @@ int bi_optlist_add(struct bi_optlist *l, const char *item);
  * as "on" and a bare "nokey" as "off", as in qemu. */
 const char *bi_optlist_get(const struct bi_optlist *l, const char *key);
 void bi_optlist_free(struct bi_optlist *l);
+/* The value of the last "key=value" item of a NULL-terminated array of
+ * them (opts may be NULL), NULL if none: how drivers read the option
+ * arrays of bi_open_opts and bi_create_opts. Bare keys are not values. */
+const char *bi_opts_value(const char *const *opts, const char *key);
 
 /* ---- public structs that grow (blkimg.h, "Structs that grow") ---- */
 /* Takes an option struct a program passed, given_size bytes whose first

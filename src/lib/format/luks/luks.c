@@ -20,12 +20,7 @@
 
 const char *luks_opt(const char *const *opts, const char *key)
 {
-    size_t kl = strlen(key);
-    const char *v = NULL;
-    for (const char *const *p = opts; p && *p; p++)
-        if (!strncmp(*p, key, kl) && (*p)[kl] == '=')
-            v = *p + kl + 1;
-    return v;
+    return bi_opts_value(opts, key);
 }
 
 int luks_error(bi_error *err, int code, const char *fmt, ...)

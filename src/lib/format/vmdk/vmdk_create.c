@@ -57,12 +57,7 @@ struct vc {
 
 static const char *opt(const struct bi_create_opts *o, const char *key)
 {
-    size_t kl = strlen(key);
-    const char *v = NULL;
-    for (const char *const *p = o->options; p && *p; p++)
-        if (!strncmp(*p, key, kl) && (*p)[kl] == '=')
-            v = *p + kl + 1;
-    return v;
+    return bi_opts_value(o->options, key);
 }
 
 /* The index of v in names (n of them), or -1. */
