@@ -87,7 +87,8 @@ int bi_pbkdf2(enum bi_hash_alg h, const void *pass, size_t passlen,
               const uint8_t *salt, size_t saltlen, uint64_t iters, uint8_t *out,
               size_t outlen);
 /* How many PBKDF2 rounds of h take a second of this thread's CPU time
- * (for keys of keylen bytes), measured as QEMU measures it. 0 or -errno
+ * (for keys of keylen bytes), measured once per hash in a process over a
+ * tenth of a second (QEMU measures half a second on every call). 0 or -errno
  * with err set in QEMU's words. */
 int bi_pbkdf2_count_iters(enum bi_hash_alg h, const void *pass, size_t passlen,
                           const uint8_t *salt, size_t saltlen, size_t keylen,
