@@ -1882,15 +1882,12 @@ static int shrink_l1_locked(bi_node *n, uint64_t size)
     return qc_flush_metadata(n);
 }
 
-int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
-                      enum bi_prealloc prealloc, bi_error *err)
+/* The checks of a resize before anything is read or written, in QEMU's
+ * order and words. 0 or -errno with err set. */
+static int truncate_check(bi_node *n, uint64_t size, enum bi_prealloc prealloc,
+                          bi_error *err)
 {
     qcow2_state *s = n->opaque;
-    uint8_t *head = NULL;
-    uint64_t head_len = 0, zero_head = 0;
-    uint64_t *dropped = NULL;
-    size_t n_dropped = 0;
-    int ret;
     if (s->read_only) {
         bi_error_set(err, EROFS, "Cannot resize a read-only image");
         return -EROFS;
@@ -1912,175 +1909,267 @@ int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
         bi_error_set(err, EFBIG, "Image size too large");
         return -EFBIG;
     }
-    uint64_t old_len = n->size;
-    if (size < old_len && prealloc != BI_PREALLOC_OFF) {
+    if (size < n->size && prealloc != BI_PREALLOC_OFF) {
         return bi_error_setc(
             err, -EINVAL, "Preallocation can't be used for shrinking an image");
     }
-    if (size > old_len && s->data_file_raw && prealloc == BI_PREALLOC_OFF)
-        prealloc = BI_PREALLOC_METADATA; /* the raw data file stays mapped */
-    if (size > old_len && prealloc != BI_PREALLOC_OFF &&
-        qc_offset_into_cluster(s, old_len)) {
-        /* the guest bytes of the old partial cluster, carried over */
-        head_len = qc_offset_into_cluster(s, old_len);
-        head = bi_blockalign(n->file, bi_align_up(head_len, 4096));
-        if (!head)
-            return -ENOMEM;
-        ret = bi_co_pread(n, old_len - head_len, head, head_len);
+    return 0;
+}
+
+/* Growing with preallocation: the guest bytes of the old partial last
+ * cluster, which preallocation carries into the new cluster. *head is NULL
+ * (and *head_len 0) when there are none; else bi_free_aligned it.
+ * 0 or -errno with err set. */
+static int truncate_read_head(bi_node *n, uint64_t size,
+                              enum bi_prealloc prealloc, uint8_t **head,
+                              uint64_t *head_len, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t old_len = n->size, len = qc_offset_into_cluster(s, old_len);
+    *head = NULL;
+    *head_len = 0;
+    if (size <= old_len || prealloc == BI_PREALLOC_OFF || !len)
+        return 0;
+    uint8_t *buf = bi_blockalign(n->file, bi_align_up(len, 4096));
+    if (!buf)
+        return -ENOMEM;
+    int ret = bi_co_pread(n, old_len - len, buf, len);
+    if (ret < 0) {
+        bi_free_aligned(buf);
+        bi_error_set(err, -ret, "Could not read the last cluster");
+        return ret;
+    }
+    *head = buf;
+    *head_len = len;
+    return 0;
+}
+
+/* Shrinking: every cluster wholly past size is zeroed (freed) and its L2
+ * entry cleared; the host clusters it used are returned in *dropped
+ * (*n_dropped of them, free() it) to be discarded once the tables without
+ * them are on disk. Lock held. 0 or -errno with err set. */
+static int truncate_drop_tail_locked(bi_node *n, uint64_t size,
+                                     uint64_t **dropped, size_t *n_dropped,
+                                     bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t a = bi_align_up(size, s->cluster_size);
+    int ret;
+    if (a >= n->size)
+        return 0;
+    if (!s->data_file) {
+        ret = collect_hosts(n, a, n->size, dropped, n_dropped);
         if (ret < 0) {
-            bi_free_aligned(head);
-            bi_error_set(err, -ret, "Could not read the last cluster");
+            bi_error_set(err, -ret, "Failed to discard cropped clusters");
             return ret;
         }
     }
-    bi_co_mutex_lock(&s->lock);
-    ret = qc_before_write(n);
-    if (ret < 0)
-        goto out;
-    ret = qc_bitmaps_truncate_begin(n, size, err); /* QEMU's bitmap rules */
-    if (ret < 0)
-        goto out;
-    if (size < n->size) {
-        /* drop every cluster wholly past the new end */
-        uint64_t a = bi_align_up(size, s->cluster_size);
-        if (a < n->size && !s->data_file) {
-            ret = collect_hosts(n, a, n->size, &dropped, &n_dropped);
-            if (ret < 0) {
-                bi_error_set(err, -ret, "Failed to discard cropped clusters");
-                goto out;
-            }
-        }
-        if (a < n->size) {
-            ret = zero_units_locked(
-                n, a, bi_align_up(n->size, s->cluster_size) - a, true, false);
-            if (ret < 0) { /* QEMU's words for its discard of the tail */
-                bi_error_set(err, -ret, "Failed to discard cropped clusters");
-                goto out;
-            }
-            /* zero flags past the end are meaningless: unallocate */
-            for (uint64_t pos = a; pos < n->size; pos += s->cluster_size) {
-                void *t;
-                uint64_t idx;
-                ret = get_l2_ro(n, pos, &t, &idx);
-                if (ret < 0)
-                    goto out;
-                if (t) {
-                    qc_set_l2(s, t, idx, 0, 0);
-                    qc_cache_mark_dirty(&s->l2_cache, t);
-                    qc_cache_put(&s->l2_cache, t);
-                }
-            }
-        }
-    } else {
-        uint64_t span = 1ULL << (s->l2_bits + s->cluster_bits);
-        uint64_t need = (size + span - 1) / span;
-        ret = qc_grow_l1(n, need);
-        if (ret < 0) {
-            bi_error_set(err, -ret, "Failed to grow the L1 table");
-            goto out;
-        }
+    ret = zero_units_locked(n, a, bi_align_up(n->size, s->cluster_size) - a,
+                            true, false);
+    if (ret < 0) { /* QEMU's words for its discard of the tail */
+        bi_error_set(err, -ret, "Failed to discard cropped clusters");
+        return ret;
     }
-    ret = qc_flush_metadata(n);
-    if (ret < 0)
-        goto out;
-    /* as QEMU: the dropped clusters are discarded in the file (once the
-     * tables without them are on disk) */
-    if (n_dropped) {
-        ret = bi_co_flush(n->file);
+    /* zero flags past the end are meaningless: unallocate */
+    for (uint64_t pos = a; pos < n->size; pos += s->cluster_size) {
+        void *t;
+        uint64_t idx;
+        ret = get_l2_ro(n, pos, &t, &idx);
         if (ret < 0)
-            goto out;
+            return ret;
+        if (t) {
+            qc_set_l2(s, t, idx, 0, 0);
+            qc_cache_mark_dirty(&s->l2_cache, t);
+            qc_cache_put(&s->l2_cache, t);
+        }
     }
+    return 0;
+}
+
+/* As QEMU: the clusters a shrink dropped are discarded in the file once
+ * the tables without them are on disk, those no longer referenced only.
+ * Lock held, metadata flushed. 0 or -errno. */
+static int truncate_discard_dropped_locked(bi_node *n, const uint64_t *dropped,
+                                           size_t n_dropped)
+{
+    qcow2_state *s = n->opaque;
+    if (!n_dropped)
+        return 0;
+    int ret = bi_co_flush(n->file);
+    if (ret < 0)
+        return ret;
     for (size_t i = 0; i < n_dropped; i++) {
         uint64_t rc;
         if (qc_get_refcount(n, dropped[i] >> s->cluster_bits, &rc) == 0 && !rc)
             bi_co_pdiscard(n->file, dropped[i], s->cluster_size);
     }
+    return 0;
+}
+
+/* As QEMU: after a shrink the file ends after the last cluster still in
+ * use, once the refcounts that free the rest are on disk. A failure to
+ * cut only leaves the file longer (QEMU warns). Lock held. 0 or -errno
+ * (of the flush). */
+static int truncate_cut_file_locked(bi_node *n)
+{
+    qcow2_state *s = n->opaque;
+    int64_t flen = bi_getlength(n->file);
+    int64_t last = flen > 0 ? qc_last_cluster(n, (uint64_t)flen) : flen;
+    int ret = bi_co_flush(n->file);
+    if (ret < 0 || last < 0)
+        return ret;
+    uint64_t end = ((uint64_t)last + 1) << s->cluster_bits;
+    if (end < (uint64_t)flen) {
+        bi_error e2;
+        bi_error_init(&e2);
+        if (bi_truncate(n->file, end, false, BI_PREALLOC_OFF, &e2) == 0)
+            s->file_size = end;
+    }
+    return 0;
+}
+
+/* As QEMU: growing over a backing file that reaches past the old end, the
+ * new area must not show the backing file (the file's own zeroes do with
+ * falloc/full): its whole (sub)clusters become zero clusters here, and
+ * *zero_head is how many bytes from the old end up to the first
+ * (sub)cluster boundary the caller writes as explicit zeroes, unlocked.
+ * Lock held. 0 or -errno with err set. */
+static int truncate_hide_backing_locked(bi_node *n, uint64_t old_len,
+                                        uint64_t size,
+                                        enum bi_prealloc prealloc,
+                                        uint64_t *zero_head, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    *zero_head = 0;
+    bool needed = size > old_len && n->backing &&
+                  bi_getlength(n->backing) > (int64_t)old_len &&
+                  (prealloc == BI_PREALLOC_OFF ||
+                   prealloc == BI_PREALLOC_METADATA || s->data_file);
+    if (!needed)
+        return 0;
+    uint64_t zs = bi_align_up(old_len, s->subcluster_size);
+    int ret = 0;
+    if (s->version < 3) {
+        bi_error_set(err, ENOTSUP, "Failed to zero out new clusters");
+        return -ENOTSUP;
+    }
+    if (size > zs)
+        ret = zero_units_locked(n, zs, bi_align_up(size, s->cluster_size) - zs,
+                                false, false);
+    if (ret == 0)
+        ret = qc_flush_metadata(n);
+    if (ret < 0) {
+        bi_error_set(err, -ret, "Failed to zero out new clusters");
+        return ret;
+    }
+    if (zs > old_len)
+        *zero_head = BI_MIN(zs, size) - old_len;
+    return 0;
+}
+
+/* Explicit zeroes over [old_len, old_len + len): the part of the new area
+ * before the first (sub)cluster boundary. 0 or -errno with err set. */
+static int truncate_write_zero_head(bi_node *n, uint64_t old_len, uint64_t len,
+                                    bi_error *err)
+{
+    void *z = bi_blockalign(n->file, bi_align_up(len, 4096));
+    int ret = -ENOMEM;
+    if (z) {
+        memset(z, 0, len);
+        ret = bi_co_pwrite(n, old_len, z, len, 0);
+        bi_free_aligned(z);
+    }
+    if (ret < 0)
+        bi_error_set(err, -ret, "Failed to zero out the new area");
+    return ret;
+}
+
+/* The table changes of a resize, under the lock, in QEMU's order: drop the
+ * tail or grow L1; flush; discard what was dropped; shrink L1 and the
+ * file; preallocate (or resize the data file); hide the backing file from
+ * the new area; flush; and only then the new size in the header, so a
+ * crash at any point leaves the old size over consistent tables.
+ * *zero_head: see truncate_hide_backing_locked. 0 or -errno. */
+static int truncate_locked(bi_node *n, uint64_t size, bool exact,
+                           enum bi_prealloc prealloc, const uint8_t *head,
+                           uint64_t head_len, uint64_t *zero_head,
+                           bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    uint64_t old_len = n->size;
+    uint64_t *dropped = NULL;
+    size_t n_dropped = 0;
+    int ret = qc_before_write(n);
+    if (ret == 0)
+        ret = qc_bitmaps_truncate_begin(n, size, err); /* QEMU's rules */
+    if (ret < 0)
+        return ret;
+    if (size < old_len) {
+        ret = truncate_drop_tail_locked(n, size, &dropped, &n_dropped, err);
+    } else {
+        uint64_t span = 1ULL << (s->l2_bits + s->cluster_bits);
+        ret = qc_grow_l1(n, (size + span - 1) / span);
+        if (ret < 0)
+            bi_error_set(err, -ret, "Failed to grow the L1 table");
+    }
+    if (ret == 0)
+        ret = qc_flush_metadata(n);
+    if (ret == 0)
+        ret = truncate_discard_dropped_locked(n, dropped, n_dropped);
+    free(dropped);
+    if (ret < 0)
+        return ret;
     if (size < old_len) {
         ret = shrink_l1_locked(n, size);
         if (ret < 0) {
             bi_error_set(err, -ret, "Failed to reduce the number of L2 tables");
-            goto out;
+            return ret;
         }
+        if (!s->data_file)
+            ret = truncate_cut_file_locked(n);
     }
-    if (size < old_len && !s->data_file) {
-        /* as QEMU: the file ends after the last cluster still in use,
-         * once the refcounts that free the rest are on disk */
-        int64_t flen = bi_getlength(n->file);
-        int64_t last = flen > 0 ? qc_last_cluster(n, (uint64_t)flen) : flen;
-        ret = bi_co_flush(n->file);
-        if (ret == 0 && last >= 0 &&
-            (((uint64_t)last + 1) << s->cluster_bits) < (uint64_t)flen) {
-            bi_error e2;
-            bi_error_init(&e2);
-            /* a failure only leaves the file longer (QEMU warns) */
-            if (bi_truncate(n->file, ((uint64_t)last + 1) << s->cluster_bits,
-                            false, BI_PREALLOC_OFF, &e2) == 0)
-                s->file_size = ((uint64_t)last + 1) << s->cluster_bits;
-        }
-        if (ret < 0)
-            goto out;
-    }
-    if (prealloc != BI_PREALLOC_OFF) {
+    if (ret == 0 && prealloc != BI_PREALLOC_OFF)
         ret = qc_preallocate_locked(n, old_len, size, prealloc, head, head_len,
                                     err);
-        if (ret < 0)
-            goto out;
-    } else if (s->data_file) {
+    else if (ret == 0 && s->data_file)
         ret = bi_truncate(s->data_file, size, exact, BI_PREALLOC_OFF, err);
-        if (ret < 0)
-            goto out;
-    }
-    /* as QEMU: a backing file reaching past the old end must not show
-     * through the new area (the file's own zeroes do with falloc/full) */
-    bool zero_new = size > old_len && n->backing &&
-                    bi_getlength(n->backing) > (int64_t)old_len &&
-                    (prealloc == BI_PREALLOC_OFF ||
-                     prealloc == BI_PREALLOC_METADATA || s->data_file);
-    if (zero_new) {
-        uint64_t zs = bi_align_up(old_len, s->subcluster_size);
-        if (s->version < 3) {
-            ret = -ENOTSUP;
-            bi_error_set(err, ENOTSUP, "Failed to zero out new clusters");
-            goto out;
-        }
-        if (size > zs)
-            ret = zero_units_locked(
-                n, zs, bi_align_up(size, s->cluster_size) - zs, false, false);
-        if (ret == 0)
-            ret = qc_flush_metadata(n);
-        if (ret < 0) {
-            bi_error_set(err, -ret, "Failed to zero out new clusters");
-            goto out;
-        }
-        if (zs > old_len)
-            zero_head = BI_MIN(zs, size) - old_len;
-    }
-    ret = bi_co_flush(n->file);
+    if (ret == 0)
+        ret = truncate_hide_backing_locked(n, old_len, size, prealloc,
+                                           zero_head, err);
+    if (ret == 0)
+        ret = bi_co_flush(n->file);
     if (ret < 0)
-        goto out;
+        return ret;
     uint64_t v = htobe64(size);
     ret = qc_write_header_field(n, QH_SIZE, &v, 8);
     if (ret < 0)
-        goto out;
+        return ret;
     n->size = size;
     qc_bitmaps_truncate_done(n, size);
-out:
+    return 0;
+}
+
+int qcow2_co_truncate(bi_node *n, uint64_t size, bool exact,
+                      enum bi_prealloc prealloc, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    uint8_t *head = NULL;
+    uint64_t head_len = 0, zero_head = 0, old_len = n->size;
+    int ret = truncate_check(n, size, prealloc, err);
+    if (ret < 0)
+        return ret;
+    if (size > old_len && s->data_file_raw && prealloc == BI_PREALLOC_OFF)
+        prealloc = BI_PREALLOC_METADATA; /* the raw data file stays mapped */
+    ret = truncate_read_head(n, size, prealloc, &head, &head_len, err);
+    if (ret < 0)
+        return ret;
+    bi_co_mutex_lock(&s->lock);
+    ret = truncate_locked(n, size, exact, prealloc, head, head_len, &zero_head,
+                          err);
     bi_co_mutex_unlock(&s->lock);
     bi_free_aligned(head);
-    free(dropped);
-    if (ret == 0 && zero_head) {
-        /* explicit zeroes up to the first (sub)cluster boundary */
-        void *z = bi_blockalign(n->file, bi_align_up(zero_head, 4096));
-        if (!z) {
-            ret = -ENOMEM;
-        } else {
-            memset(z, 0, zero_head);
-            ret = bi_co_pwrite(n, old_len, z, zero_head, 0);
-            bi_free_aligned(z);
-        }
-        if (ret < 0)
-            bi_error_set(err, -ret, "Failed to zero out the new area");
-    }
+    if (ret == 0 && zero_head)
+        ret = truncate_write_zero_head(n, old_len, zero_head, err);
     if (ret < 0 && err && !err->msg[0])
         bi_error_set(err, -ret, "Could not resize image");
     return ret;
