@@ -927,233 +927,280 @@ static int amend_encryption(bi_node *n, const char *const *options, bool force,
     return ret;
 }
 
-int qcow2_amend(bi_node *n, const char *const *options, bool force,
-                bi_amend_status_cb *cb, void *opaque, bi_error *err)
+/* The checks of an amend before anything is written, in the order of
+ * qemu's option table; *new_version is the version asked for (the
+ * image's own without compat=). 0 or -errno with err set. */
+static int amend_check(bi_node *n, const struct amend_req *r,
+                       uint32_t *new_version, bi_error *err)
 {
     qcow2_state *s = n->opaque;
-    struct amend_req r;
-    struct hdr_plan p;
-    uint32_t old_version = s->version, new_version = s->version;
-    int ret;
-
-    ret = parse_amend(options, &r, err);
-    if (ret < 0)
-        return ret;
-    status(cb, opaque, 0, 0); /* options accepted */
-    /* checks in the order of qemu's option table */
-    if (r.has_compat) {
-        if (!strcmp(r.compat, "0.10") || !strcmp(r.compat, "v2")) {
-            new_version = 2;
-        } else if (!strcmp(r.compat, "1.1") || !strcmp(r.compat, "v3")) {
-            new_version = 3;
+    *new_version = s->version;
+    if (r->has_compat) {
+        if (!strcmp(r->compat, "0.10") || !strcmp(r->compat, "v2")) {
+            *new_version = 2;
+        } else if (!strcmp(r->compat, "1.1") || !strcmp(r->compat, "v3")) {
+            *new_version = 3;
         } else {
-            bi_error_set(err, 0, "Unknown compatibility level %s", r.compat);
+            bi_error_set(err, 0, "Unknown compatibility level %s", r->compat);
             return -EINVAL;
         }
     }
-    if (r.has_encrypt && !s->crypt_method) {
+    if (r->has_encrypt && !s->crypt_method) {
         bi_error_set(err, 0,
                      "Can't amend encryption options - encryption "
                      "not present");
         return -EINVAL;
     }
-    if (r.has_encrypt && s->crypt_method != QCOW2_CRYPT_LUKS) {
+    if (r->has_encrypt && s->crypt_method != QCOW2_CRYPT_LUKS) {
         bi_error_set(err, 0, "Only LUKS encryption options can be amended");
         return -ENOTSUP;
     }
-    if (r.has_refcount_bits && (r.refcount_bits == 0 || r.refcount_bits > 64 ||
-                                (r.refcount_bits & (r.refcount_bits - 1)))) {
+    if (r->has_refcount_bits &&
+        (r->refcount_bits == 0 || r->refcount_bits > 64 ||
+         (r->refcount_bits & (r->refcount_bits - 1)))) {
         bi_error_set(err, 0,
                      "Refcount width must be a power of two and may "
                      "not exceed 64 bits");
         return -EINVAL;
     }
-    if (r.has_data_file && !qc_has_data_file(s)) {
+    if (r->has_data_file && !qc_has_data_file(s)) {
         bi_error_set(err, 0,
                      "data-file can only be set for images that use "
                      "an external data file");
         return -EINVAL;
     }
-    if (r.has_data_file_raw && r.data_file_raw && !s->data_file_raw) {
+    if (r->has_data_file_raw && r->data_file_raw && !s->data_file_raw) {
         bi_error_set(err, 0, "data-file-raw cannot be set on existing images");
         return -EINVAL;
     }
+    return 0;
+}
 
-    struct amend_helper helper = {.cb = cb, .opaque = opaque};
-    helper.total_ops =
-        (new_version != old_version) +
-        (r.has_refcount_bits && r.refcount_bits != s->refcount_bits);
-
-    if (r.has_encrypt) {
-        ret = amend_encryption(n, options, force, err);
-        if (ret < 0)
-            return ret;
-    }
-    if (new_version > old_version) {
-        helper.cur_op = 1;
-        helper_cb(&helper, 0, 2);
-        /* v3 needs every snapshot's 64-bit VM state size and disk size:
-         * the table is written anew with them */
-        bool need_snap = false;
-        for (uint32_t i = 0; i < s->nb_snapshots; i++)
-            need_snap |= s->snapshots[i].extra_data_size < 16;
-        if (need_snap) {
-            struct amend_co a = {.n = n, .op = 4};
-            ret = bi_run_co(amend_co_fn, &a);
-            if (ret < 0) {
-                bi_error_set(err, -ret, "Failed to update the snapshot table");
-                return ret;
-            }
-        }
-        helper_cb(&helper, 1, 2);
-        plan_from_state(s, &p);
-        p.version = 3;
-        p.incompat = 0;
-        p.compat = 0;
-        p.autoclear = 0;
-        ret = write_header(n, &p, false, err);
-        if (ret < 0)
-            return ret;
-        helper_cb(&helper, 2, 2);
-    }
-
-    if (r.has_backing_file || r.has_backing_fmt) {
-        if (!str_eq(r.has_backing_file ? r.backing_file : NULL,
-                    s->backing_file) ||
-            !str_eq(r.has_backing_fmt ? r.backing_fmt : NULL,
-                    s->backing_format)) {
-            bi_error_set(err, 0,
-                         "Cannot amend the backing file\nYou can use "
-                         "'qemu-img rebase' instead.");
-            return -EINVAL;
-        }
-    }
-
-    bool lazy = (s->compat & QCOW2_COMPAT_LAZY_REFCOUNTS) != 0;
-    if (r.has_lazy && r.lazy != lazy) {
-        if (r.lazy) {
-            if (new_version < 3) {
-                bi_error_set(err, 0,
-                             "Lazy refcounts only supported with "
-                             "compatibility level 1.1 and above (use "
-                             "compat=1.1 or greater)");
-                return -EINVAL;
-            }
-            plan_from_state(s, &p);
-            p.compat |= QCOW2_COMPAT_LAZY_REFCOUNTS;
-            ret = write_header(n, &p, false, err);
-        } else {
-            plan_from_state(s, &p);
-            p.compat &= ~QCOW2_COMPAT_LAZY_REFCOUNTS;
-            ret = write_header(n, &p, true, err);
-            if (ret == 0)
-                s->marked_dirty = false;
-        }
-        if (ret < 0)
-            return ret;
-    }
-
-    if (r.has_refcount_bits && r.refcount_bits != s->refcount_bits) {
-        if (new_version < 3 && r.refcount_bits != 16) {
-            bi_error_set(err, 0,
-                         "Refcount widths other than 16 bits require "
-                         "compatibility level 1.1 or above (use compat=1.1 "
-                         "or greater)");
-            return -EINVAL;
-        }
-        helper.cur_op = 2;
-        struct amend_co a = {.n = n,
-                             .op = 3,
-                             .cb = helper_cb,
-                             .opaque = &helper,
-                             .refcount_order =
-                                 (uint32_t)__builtin_ctzll(r.refcount_bits),
-                             .err = err};
-        ret = bi_run_co(amend_co_fn, &a);
+/* compat=1.1 on a v2 image: the snapshot table gains each snapshot's
+ * 64-bit VM state size and disk size (written anew when one lacks them),
+ * then the header becomes v3. 0 or -errno with err set. */
+static int amend_upgrade(bi_node *n, struct amend_helper *helper, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    struct hdr_plan p;
+    helper->cur_op = 1;
+    helper_cb(helper, 0, 2);
+    bool need_snap = false;
+    for (uint32_t i = 0; i < s->nb_snapshots; i++)
+        need_snap |= s->snapshots[i].extra_data_size < 16;
+    if (need_snap) {
+        struct amend_co a = {.n = n, .op = 4};
+        int ret = bi_run_co(amend_co_fn, &a);
         if (ret < 0) {
-            if (!err || !err->msg[0])
-                bi_error_set(err, -ret, "Failed to change the refcount width");
+            bi_error_set(err, -ret, "Failed to update the snapshot table");
             return ret;
         }
     }
+    helper_cb(helper, 1, 2);
+    plan_from_state(s, &p);
+    p.version = 3;
+    p.incompat = 0;
+    p.compat = 0;
+    p.autoclear = 0;
+    int ret = write_header(n, &p, false, err);
+    if (ret == 0)
+        helper_cb(helper, 2, 2);
+    return ret;
+}
 
-    if (r.has_data_file || r.has_data_file_raw) {
-        plan_from_state(s, &p);
-        if (r.has_data_file_raw && !r.data_file_raw)
-            p.autoclear &= ~QCOW2_AUTOCLEAR_DATA_FILE_RAW;
-        if (r.has_data_file) {
-            p.set_data_file = true;
-            p.data_file = r.data_file[0] ? r.data_file : NULL;
-        }
-        ret = write_header(n, &p, false, err);
-        if (ret < 0)
-            return ret;
-        if (r.has_data_file_raw && !r.data_file_raw)
-            s->data_file_raw = false;
-        if (r.has_data_file) {
-            free(s->data_file_name);
-            s->data_file_name = p.data_file ? strdup(p.data_file) : NULL;
-        }
+/* backing_file and backing_fmt may only be given as they are (qemu-img
+ * rebase changes them). 0 or -EINVAL with err set. */
+static int amend_check_backing(bi_node *n, const struct amend_req *r,
+                               bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    if (!r->has_backing_file && !r->has_backing_fmt)
+        return 0;
+    if (str_eq(r->has_backing_file ? r->backing_file : NULL, s->backing_file) &&
+        str_eq(r->has_backing_fmt ? r->backing_fmt : NULL, s->backing_format))
+        return 0;
+    bi_error_set(err, 0,
+                 "Cannot amend the backing file\nYou can use "
+                 "'qemu-img rebase' instead.");
+    return -EINVAL;
+}
+
+/* lazy_refcounts=on|off: the compat bit in the header; turning it off
+ * leaves the image clean. 0 or -errno with err set. */
+static int amend_lazy(bi_node *n, bool lazy, uint32_t new_version,
+                      bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    struct hdr_plan p;
+    if (lazy == ((s->compat & QCOW2_COMPAT_LAZY_REFCOUNTS) != 0))
+        return 0;
+    if (lazy && new_version < 3) {
+        bi_error_set(err, 0,
+                     "Lazy refcounts only supported with "
+                     "compatibility level 1.1 and above (use "
+                     "compat=1.1 or greater)");
+        return -EINVAL;
     }
+    plan_from_state(s, &p);
+    if (lazy)
+        p.compat |= QCOW2_COMPAT_LAZY_REFCOUNTS;
+    else
+        p.compat &= ~QCOW2_COMPAT_LAZY_REFCOUNTS;
+    int ret = write_header(n, &p, !lazy, err);
+    if (ret == 0 && !lazy)
+        s->marked_dirty = false;
+    return ret;
+}
 
-    if (r.has_size && r.size) {
-        ret = bi_truncate(n, r.size, true, BI_PREALLOC_OFF, err);
-        if (ret < 0)
-            return ret;
+/* refcount_bits=N: the refcount structure rewritten at the new width.
+ * 0 or -errno with err set. */
+static int amend_refcount_width(bi_node *n, uint64_t bits, uint32_t new_version,
+                                struct amend_helper *helper, bi_error *err)
+{
+    if (new_version < 3 && bits != 16) {
+        bi_error_set(err, 0,
+                     "Refcount widths other than 16 bits require "
+                     "compatibility level 1.1 or above (use compat=1.1 "
+                     "or greater)");
+        return -EINVAL;
     }
+    helper->cur_op = 2;
+    struct amend_co a = {.n = n,
+                         .op = 3,
+                         .cb = helper_cb,
+                         .opaque = helper,
+                         .refcount_order = (uint32_t)__builtin_ctzll(bits),
+                         .err = err};
+    int ret = bi_run_co(amend_co_fn, &a);
+    if (ret < 0 && (!err || !err->msg[0]))
+        bi_error_set(err, -ret, "Failed to change the refcount width");
+    return ret;
+}
 
-    if (new_version < old_version) {
-        if (s->refcount_order != 4) {
-            bi_error_set(err, 0, "compat=0.10 requires refcount_bits=16");
-            return -ENOTSUP;
-        }
-        if (qc_has_data_file(s)) {
-            bi_error_set(err, 0, "Cannot downgrade an image with a data file");
-            return -ENOTSUP;
-        }
-        for (uint32_t i = 0; i < s->nb_snapshots; i++) {
-            if (s->snapshots[i].vm_state_size > UINT32_MAX ||
-                s->snapshots[i].disk_size != n->size) {
-                bi_error_set(err, 0,
-                             "Internal snapshots prevent downgrade of image");
-                return -ENOTSUP;
-            }
-        }
-        if (s->incompat & QCOW2_INCOMPAT_DIRTY) {
-            struct amend_co a = {.n = n, .op = 1};
-            plan_from_state(s, &a.plan);
-            ret = bi_run_co(amend_co_fn, &a);
-            if (ret < 0) {
-                bi_error_set(err, -ret, "Failed to make the image clean");
-                return ret;
-            }
-            s->marked_dirty = false;
-        }
-        if (s->incompat) {
-            bi_error_set(err, 0,
-                         "Cannot downgrade an image with incompatible "
-                         "features %#" PRIx64 " set",
-                         s->incompat);
-            return -ENOTSUP;
-        }
-        helper.cur_op = 3;
-        struct amend_co a = {
-            .n = n, .op = 2, .cb = helper_cb, .opaque = &helper};
-        ret = bi_run_co(amend_co_fn, &a);
-        if (ret < 0) {
-            bi_error_set(err, -ret, "Failed to turn zero into data clusters");
-            return ret;
-        }
-        plan_from_state(s, &p);
-        p.version = 2;
-        p.incompat = 0;
-        p.compat = 0;
-        p.autoclear = 0;
-        ret = write_header(n, &p, false, err);
-        if (ret < 0)
-            return ret;
+/* data_file=NAME (empty: none) and data_file_raw=off: the header's
+ * extension and autoclear bit, then the open state. 0 or -errno with err
+ * set. */
+static int amend_data_file(bi_node *n, const struct amend_req *r, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    struct hdr_plan p;
+    bool raw_off = r->has_data_file_raw && !r->data_file_raw;
+    plan_from_state(s, &p);
+    if (raw_off)
+        p.autoclear &= ~QCOW2_AUTOCLEAR_DATA_FILE_RAW;
+    if (r->has_data_file) {
+        p.set_data_file = true;
+        p.data_file = r->data_file[0] ? r->data_file : NULL;
+    }
+    int ret = write_header(n, &p, false, err);
+    if (ret < 0)
+        return ret;
+    if (raw_off)
+        s->data_file_raw = false;
+    if (r->has_data_file) {
+        free(s->data_file_name);
+        s->data_file_name = p.data_file ? strdup(p.data_file) : NULL;
     }
     return 0;
+}
+
+/* compat=0.10 on a v3 image: refused when v2 cannot say what the image
+ * holds; else made clean, zero clusters turned into data clusters, and
+ * the header written as v2. 0 or -errno with err set. */
+static int amend_downgrade(bi_node *n, struct amend_helper *helper,
+                           bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    struct hdr_plan p;
+    int ret;
+    if (s->refcount_order != 4) {
+        bi_error_set(err, 0, "compat=0.10 requires refcount_bits=16");
+        return -ENOTSUP;
+    }
+    if (qc_has_data_file(s)) {
+        bi_error_set(err, 0, "Cannot downgrade an image with a data file");
+        return -ENOTSUP;
+    }
+    for (uint32_t i = 0; i < s->nb_snapshots; i++) {
+        if (s->snapshots[i].vm_state_size > UINT32_MAX ||
+            s->snapshots[i].disk_size != n->size) {
+            bi_error_set(err, 0,
+                         "Internal snapshots prevent downgrade of image");
+            return -ENOTSUP;
+        }
+    }
+    if (s->incompat & QCOW2_INCOMPAT_DIRTY) {
+        struct amend_co a = {.n = n, .op = 1};
+        plan_from_state(s, &a.plan);
+        ret = bi_run_co(amend_co_fn, &a);
+        if (ret < 0) {
+            bi_error_set(err, -ret, "Failed to make the image clean");
+            return ret;
+        }
+        s->marked_dirty = false;
+    }
+    if (s->incompat) {
+        bi_error_set(err, 0,
+                     "Cannot downgrade an image with incompatible "
+                     "features %#" PRIx64 " set",
+                     s->incompat);
+        return -ENOTSUP;
+    }
+    helper->cur_op = 3;
+    struct amend_co a = {.n = n, .op = 2, .cb = helper_cb, .opaque = helper};
+    ret = bi_run_co(amend_co_fn, &a);
+    if (ret < 0) {
+        bi_error_set(err, -ret, "Failed to turn zero into data clusters");
+        return ret;
+    }
+    plan_from_state(s, &p);
+    p.version = 2;
+    p.incompat = 0;
+    p.compat = 0;
+    p.autoclear = 0;
+    return write_header(n, &p, false, err);
+}
+
+/* qemu 7.2's qcow2_amend_options: every check first, then the changes in
+ * its order (key slots, upgrade, lazy refcounts, refcount width, data
+ * file, size, downgrade); each change leaves a valid image, so one that
+ * fails leaves the ones before it done, as in QEMU. */
+int qcow2_amend(bi_node *n, const char *const *options, bool force,
+                bi_amend_status_cb *cb, void *opaque, bi_error *err)
+{
+    qcow2_state *s = n->opaque;
+    struct amend_req r;
+    uint32_t old_version = s->version, new_version;
+    int ret = parse_amend(options, &r, err);
+    if (ret == 0) {
+        status(cb, opaque, 0, 0); /* options accepted */
+        ret = amend_check(n, &r, &new_version, err);
+    }
+    if (ret < 0)
+        return ret;
+
+    struct amend_helper helper = {.cb = cb, .opaque = opaque};
+    bool new_width = r.has_refcount_bits && r.refcount_bits != s->refcount_bits;
+    helper.total_ops = (new_version != old_version) + new_width;
+
+    if (r.has_encrypt)
+        ret = amend_encryption(n, options, force, err);
+    if (ret == 0 && new_version > old_version)
+        ret = amend_upgrade(n, &helper, err);
+    if (ret == 0)
+        ret = amend_check_backing(n, &r, err);
+    if (ret == 0 && r.has_lazy)
+        ret = amend_lazy(n, r.lazy, new_version, err);
+    if (ret == 0 && new_width)
+        ret =
+            amend_refcount_width(n, r.refcount_bits, new_version, &helper, err);
+    if (ret == 0 && (r.has_data_file || r.has_data_file_raw))
+        ret = amend_data_file(n, &r, err);
+    if (ret == 0 && r.has_size && r.size)
+        ret = bi_truncate(n, r.size, true, BI_PREALLOC_OFF, err);
+    if (ret == 0 && new_version < old_version)
+        ret = amend_downgrade(n, &helper, err);
+    return ret;
 }
 
 /* qemu 7.2's qcow2 amend options (names, types, help texts). */
