@@ -2282,115 +2282,122 @@ static void save_request(const char *name, const struct io_open_req *r)
     g_req_name = name ? bi_xstrdup(name) : NULL;
 }
 
-int io_openfile(const char *name, struct io_open_req *r)
+/* One open, phase by phase: what the request and its options say. */
+struct io_open_plan {
+    char prefix[PATH_MAX + 32]; /* "can't open device NAME: " */
+    const char *driver, *fname;
+    const char *proto;           /* nbd...: driver=nbd or file.driver=nbd */
+    const char *file_driver;     /* file.driver= as given */
+    const char **dopts, **popts; /* the format's and the protocol's keys */
+    int nd, np;
+    bool nocache, no_flush, read_only, force_share, unmap, no_lock, aio_set;
+    bool no_backing;
+    enum bi_detect_zeroes dz;
+    enum bi_aio aio;
+};
+
+static void plan_free(struct io_open_plan *p)
 {
-    const struct bi_optlist *l = &r->opts;
-    char prefix[PATH_MAX + 32];
-    struct bi_open_opts o;
-    const char *driver, *fname, *v, **dopts = NULL, **popts = NULL;
-    const char *proto = NULL; /* nbd: driver=nbd or file.driver=nbd */
-    bool nocache = r->nocache, no_flush = r->no_flush;
-    bool read_only = r->read_only, force_share = r->force_share;
-    bool unmap = r->unmap, no_lock = false, aio_set = r->aio_set;
-    bool no_backing = false;
-    enum bi_detect_zeroes dz = BI_DETECT_ZEROES_OFF;
-    enum bi_aio aio = r->aio;
-    int nd = 0, np = 0, b, ret = 1;
-    bi_node *n;
-    bi_error err;
+    for (int i = 0; i < p->nd; i++)
+        free((char *)p->dopts[i]);
+    free(p->dopts);
+    for (int i = 0; i < p->np; i++)
+        free((char *)p->popts[i]);
+    free(p->popts);
+}
 
-    if (g_node) {
-        io_error_report("file open already, try 'help close'");
-        return 1;
-    }
+/* The error prefix, and a json:{...} name turned into the request's
+ * options (*name NULL then). 0, or 1 with the error printed. */
+static int plan_name(struct io_open_plan *p, const char **name,
+                     struct io_open_req *r)
+{
     if (g_reopening) {
-        prefix[0] = 0; /* qemu-io's reopen names no device */
-    } else if (name) {
-        snprintf(prefix, sizeof(prefix), "can't open device %s: ", name);
-    } else {
-        snprintf(prefix, sizeof(prefix), "can't open: ");
+        p->prefix[0] = 0; /* qemu-io's reopen names no device */
+        return 0;
     }
-    if (name && !g_reopening) {
-        /* json:{...}: its keys, as --image-opts would give them */
-        char *json = NULL, jerr[1024] = "";
-        int j = tool_json_filename(name, &json, jerr, sizeof(jerr));
-        if (j < 0) {
-            io_error_report("%s%s", prefix, jerr);
+    if (*name)
+        snprintf(p->prefix, sizeof(p->prefix), "can't open device %s: ", *name);
+    else
+        snprintf(p->prefix, sizeof(p->prefix), "can't open: ");
+    if (!*name)
+        return 0;
+    /* json:{...}: its keys, as --image-opts would give them */
+    char *json = NULL, jerr[1024] = "";
+    int j = tool_json_filename(*name, &json, jerr, sizeof(jerr));
+    if (j < 0) {
+        io_error_report("%s%s", p->prefix, jerr);
+        return 1;
+    }
+    if (j > 0) {
+        j = io_parse_opts(&r->opts, json);
+        free(json);
+        if (j < 0)
             return 1;
-        }
-        if (j > 0) {
-            j = io_parse_opts(&r->opts, json);
-            free(json);
-            if (j < 0) {
-                return 1;
-            }
-            name = NULL;
-        }
+        *name = NULL;
     }
-    if (r->force_share) {
-        v = opt_get(l, "force-share");
-        if (v && strcmp(v, "on") != 0) {
-            io_error_report("-U conflicts with image options");
-            return 1;
-        }
-    }
+    return 0;
+}
 
-    driver = opt_get(l, "driver");
-    fname = name;
-    if (!fname) {
-        fname = opt_get(l, "file.filename");
-    }
+/* The file name and the protocol driver, from the name or the options,
+ * with qemu-io's refusals. 0, or 1 with the error printed. */
+static int plan_target(struct io_open_plan *p, const char *name,
+                       const struct bi_optlist *l)
+{
+    const char *v;
+    p->driver = opt_get(l, "driver");
+    p->fname = name ? name : opt_get(l, "file.filename");
     v = opt_get(l, "file");
-    if (!fname && v) {
+    if (!p->fname && v) {
         /* "file=<name>" refers to an existing node, of which we have none */
-        io_error_report("%sCannot find device='%s' nor node-name='%s'", prefix,
-                        v, v);
+        io_error_report("%sCannot find device='%s' nor node-name='%s'",
+                        p->prefix, v, v);
         return 1;
     }
-    if (!fname && driver && is_protocol_driver(driver)) {
-        fname = opt_get(l, "filename"); /* file, host_device... */
-    }
-    v = opt_get(l, "file.driver");
+    if (!p->fname && p->driver && is_protocol_driver(p->driver))
+        p->fname = opt_get(l, "filename"); /* file, host_device... */
+    v = p->file_driver = opt_get(l, "file.driver");
     if (v && (other_protocol(v) || file_format_driver(v))) {
-        proto = v;
-    } else if (driver && other_protocol(driver)) {
-        proto = driver;
+        p->proto = v;
+    } else if (p->driver && other_protocol(p->driver)) {
+        p->proto = p->driver;
     } else if (v && strcmp(v, "file") != 0 && strcmp(v, "host_device") != 0) {
-        io_error_report("%sUnknown protocol driver '%s'", prefix, v);
+        io_error_report("%sUnknown protocol driver '%s'", p->prefix, v);
         return 1;
     }
-    if (v && !strcmp(v, "host_device") && fname) {
-        struct stat sb;
-
-        if (stat(fname, &sb) == 0 && !S_ISBLK(sb.st_mode) &&
-            !S_ISCHR(sb.st_mode)) {
-            io_error_report("%s'host_device' driver requires '%s' to be "
-                            "either a character or block device",
-                            prefix, fname);
-            return 1;
-        }
-    }
-    if (!fname && !proto) {
-        if (driver && strcmp(driver, "file") != 0) {
-            io_error_report("%sA block device must be specified for "
-                            "\"file\"",
-                            prefix);
-        } else if (driver) {
-            io_error_report("%sThe 'file' block driver requires a file name",
-                            prefix);
-        } else {
-            io_error_report("%sMust specify either driver or file", prefix);
-        }
+    struct stat sb;
+    if (v && !strcmp(v, "host_device") && p->fname &&
+        stat(p->fname, &sb) == 0 && !S_ISBLK(sb.st_mode) &&
+        !S_ISCHR(sb.st_mode)) {
+        io_error_report("%s'host_device' driver requires '%s' to be "
+                        "either a character or block device",
+                        p->prefix, p->fname);
         return 1;
     }
+    if (p->fname || p->proto)
+        return 0;
+    if (p->driver && strcmp(p->driver, "file") != 0)
+        io_error_report("%sA block device must be specified for \"file\"",
+                        p->prefix);
+    else if (p->driver)
+        io_error_report("%sThe 'file' block driver requires a file name",
+                        p->prefix);
+    else
+        io_error_report("%sMust specify either driver or file", p->prefix);
+    return 1;
+}
 
-    dopts = bi_xzalloc(sizeof(*dopts) * (size_t)(l->n + 1));
-    popts = bi_xzalloc(sizeof(*popts) * (size_t)(l->n + 2));
-    if (proto && proto != driver) {
-        popts[np++] = bi_xasprintf("driver=%s", proto);
-    } else if (!proto && v && !strcmp(v, "file")) {
-        popts[np++] = bi_xstrdup("driver=file"); /* regular files only */
-    }
+/* Each option to the protocol's list (file.* without the prefix), the
+ * format's list, or neither (generic options, read by plan_flags),
+ * refusing the keys qemu-io refuses. 0, or 1 with the error printed. */
+static int plan_split_opts(struct io_open_plan *p, const struct bi_optlist *l)
+{
+    const char *driver = p->driver, *proto = p->proto, *fd = p->file_driver;
+    p->dopts = bi_xzalloc(sizeof(*p->dopts) * (size_t)(l->n + 1));
+    p->popts = bi_xzalloc(sizeof(*p->popts) * (size_t)(l->n + 2));
+    if (proto && proto != driver)
+        p->popts[p->np++] = bi_xasprintf("driver=%s", proto);
+    else if (!proto && fd && !strcmp(fd, "file"))
+        p->popts[p->np++] = bi_xstrdup("driver=file"); /* regular files only */
     for (int i = 0; i < l->n; i++) {
         const char *key = l->v[i].key;
         const char *val = l->v[i].value;
@@ -2398,191 +2405,206 @@ int io_openfile(const char *name, struct io_open_req *r)
         if (proto && strcmp(key, "driver") && strcmp(key, "file.driver") &&
             !is_generic_opt(key) &&
             (proto == driver || !strncmp(key, "file.", 5))) {
-            /* the protocol's key (file.* without the prefix) */
-            popts[np++] = bi_xasprintf("%s=%s", proto == driver ? key : key + 5,
-                                       val ? val : "on");
+            p->popts[p->np++] = bi_xasprintf(
+                "%s=%s", proto == driver ? key : key + 5, val ? val : "on");
             continue;
         }
         if (!strcmp(key, "backing") && val && tool_backing_none(val)) {
-            no_backing = true;
+            p->no_backing = true;
             continue;
         }
         if ((!strcmp(key, "locking") || !strcmp(key, "aio")) && driver &&
-            is_protocol_driver(driver)) {
-            continue; /* the protocol's, read below */
-        }
+            is_protocol_driver(driver))
+            continue; /* the protocol's, read by plan_flags */
         if (is_generic_opt(key)) {
             if (!strcmp(key, "filename") &&
                 (!driver || !is_protocol_driver(driver))) {
                 io_error_report("%sBlock format '%s' does not support the "
                                 "option 'filename'",
-                                prefix, driver ? driver : IO_DEFAULT_FORMAT);
-                goto out;
+                                p->prefix, driver ? driver : IO_DEFAULT_FORMAT);
+                return 1;
             }
             continue;
         }
         if (!strncmp(key, "file.", 5) || (driver && !strcmp(driver, "file"))) {
             io_error_report("%sBlock protocol 'file' doesn't support the "
                             "option '%s'",
-                            prefix, !strncmp(key, "file.", 5) ? key + 5 : key);
-            goto out;
+                            p->prefix,
+                            !strncmp(key, "file.", 5) ? key + 5 : key);
+            return 1;
         }
-        dopts[nd++] = bi_xasprintf("%s=%s", key, val);
+        p->dopts[p->nd++] = bi_xasprintf("%s=%s", key, val);
         if (driver && bi_format_exists(driver) == 0 &&
-            check_driver_opt(prefix, driver, dopts[nd - 1]) < 0) {
-            goto out;
-        }
+            check_driver_opt(p->prefix, driver, p->dopts[p->nd - 1]) < 0)
+            return 1;
     }
+    return 0;
+}
 
-    v = opt_get(l, "cache.direct");
+/* An on/off option over *out when given. 0, or 1 with the error printed. */
+static int plan_bool(const struct io_open_plan *p, const struct bi_optlist *l,
+                     const char *key, bool *out)
+{
+    const char *v = opt_get(l, key);
+    int b;
+    if (!v)
+        return 0;
+    if ((b = parse_bool(v)) < 0) {
+        io_error_report("%sParameter '%s' expects 'on' or 'off'", p->prefix,
+                        key);
+        return 1;
+    }
+    *out = b;
+    return 0;
+}
+
+/* The protocol's own key (file.KEY, or KEY when the driver is a
+ * protocol), or NULL. */
+static const char *plan_proto_opt(const struct io_open_plan *p,
+                                  const struct bi_optlist *l, const char *key)
+{
+    char fkey[32];
+    snprintf(fkey, sizeof(fkey), "file.%s", key);
+    const char *v = opt_get(l, fkey);
+    if (!v && p->driver && is_protocol_driver(p->driver))
+        v = opt_get(l, key);
+    return v;
+}
+
+/* The generic options over the request's flags: cache.*, read-only,
+ * force-share, locking, aio, discard, detect-zeroes. 0, or 1 with the
+ * error printed. */
+static int plan_flags(struct io_open_plan *p, const struct bi_optlist *l)
+{
+    bool ro = p->read_only;
+    const char *v;
+    if (plan_bool(p, l, "cache.direct", &p->nocache) ||
+        plan_bool(p, l, "cache.no-flush", &p->no_flush) ||
+        plan_bool(p, l, "read-only", &ro))
+        return 1;
+    if (ro && !p->read_only) {
+        io_error_report("%sBlock node is read-only", p->prefix);
+        return 1;
+    }
+    if (plan_bool(p, l, "force-share", &p->force_share))
+        return 1;
+    v = plan_proto_opt(p, l, "locking");
+    if (v && strcmp(v, "auto") != 0) {
+        int b = parse_bool(v);
+        if (b < 0) {
+            io_error_report("%sinvalid parameter value: %s", p->prefix, v);
+            return 1;
+        }
+        p->no_lock = !b;
+    }
+    v = plan_proto_opt(p, l, "aio");
     if (v) {
-        if ((b = parse_bool(v)) < 0) {
-            io_error_report("%sParameter 'cache.direct' expects 'on' or 'off'",
-                            prefix);
-            goto out;
+        if (io_parse_aio(v, &p->aio) < 0) {
+            io_error_report("%sinvalid parameter value: %s", p->prefix, v);
+            return 1;
         }
-        nocache = b;
-    }
-    v = opt_get(l, "cache.no-flush");
-    if (v) {
-        if ((b = parse_bool(v)) < 0) {
-            io_error_report("%sParameter 'cache.no-flush' expects 'on' or "
-                            "'off'",
-                            prefix);
-            goto out;
-        }
-        no_flush = b;
-    }
-    v = opt_get(l, "read-only");
-    if (v) {
-        if ((b = parse_bool(v)) < 0) {
-            io_error_report("%sParameter 'read-only' expects 'on' or 'off'",
-                            prefix);
-            goto out;
-        }
-        if (b && !read_only) {
-            io_error_report("%sBlock node is read-only", prefix);
-            goto out;
-        }
-    }
-    v = opt_get(l, "force-share");
-    if (v) {
-        if ((b = parse_bool(v)) < 0) {
-            io_error_report("%sParameter 'force-share' expects 'on' or 'off'",
-                            prefix);
-            goto out;
-        }
-        force_share = b;
-    }
-    v = opt_get(l, "file.locking");
-    if (!v && driver && is_protocol_driver(driver)) {
-        v = opt_get(l, "locking");
-    }
-    if (v) {
-        if (!strcmp(v, "auto")) {
-            no_lock = false;
-        } else if ((b = parse_bool(v)) >= 0) {
-            no_lock = !b;
-        } else {
-            io_error_report("%sinvalid parameter value: %s", prefix, v);
-            goto out;
-        }
-    }
-    v = opt_get(l, "file.aio");
-    if (!v && driver && is_protocol_driver(driver)) {
-        v = opt_get(l, "aio");
-    }
-    if (v) {
-        if (io_parse_aio(v, &aio) < 0) {
-            io_error_report("%sinvalid parameter value: %s", prefix, v);
-            goto out;
-        }
-        aio_set = true;
+        p->aio_set = true;
     }
     v = opt_get(l, "discard");
-    if (v && io_parse_discard(v, &unmap) < 0) {
-        io_error_report("%sInvalid discard option", prefix);
-        goto out;
+    if (v && io_parse_discard(v, &p->unmap) < 0) {
+        io_error_report("%sInvalid discard option", p->prefix);
+        return 1;
     }
     v = opt_get(l, "detect-zeroes");
-    if (v && bi_detect_zeroes_parse(v, &dz) < 0) {
-        io_error_report("%sinvalid parameter value: %s", prefix, v);
-        goto out;
+    if (v && bi_detect_zeroes_parse(v, &p->dz) < 0) {
+        io_error_report("%sinvalid parameter value: %s", p->prefix, v);
+        return 1;
     }
-    if (dz == BI_DETECT_ZEROES_UNMAP && !unmap) {
-        io_error_report("%ssetting detect-zeroes to unmap is not allowed "
-                        "without setting discard operation to unmap",
-                        prefix);
-        goto out;
-    }
-    if (aio_set && aio == BI_AIO_NATIVE && !nocache) {
-        io_error_report("%saio=native was specified, but it requires "
-                        "cache.direct=on, which was not specified.",
-                        prefix);
-        goto out;
-    }
-    if (r->copy_on_read && read_only) {
-        io_error_report("%sCan't use copy-on-read on read-only device", prefix);
-        goto out;
-    }
-    if (force_share && !read_only) {
-        io_error_report("%sforce-share=on can only be used with read-only "
-                        "images",
-                        prefix);
-        goto out;
-    }
-    if (aio_set) {
-        bi_error_init(&err);
-        if (bi_aio_select(aio, &err) < 0) {
-            io_error_report("%s%s", prefix, err.msg);
-            goto out;
-        }
-    }
+    return 0;
+}
 
-    bi_open_opts_init(&o);
-    o.format = driver;
-    o.no_backing = no_backing;
-    if (no_flush) {
-        o.cache = nocache ? BI_CACHE_NONE : BI_CACHE_UNSAFE;
-    } else if (nocache) {
-        o.cache = r->writethrough ? BI_CACHE_DIRECTSYNC : BI_CACHE_NONE;
-    } else {
-        o.cache = r->writethrough ? BI_CACHE_WRITETHROUGH : BI_CACHE_WRITEBACK;
+/* The combinations qemu-io refuses, then the I/O engine asked for.
+ * 0, or 1 with the error printed. */
+static int plan_validate(const struct io_open_plan *p,
+                         const struct io_open_req *r)
+{
+    const char *e = NULL;
+    if (p->dz == BI_DETECT_ZEROES_UNMAP && !p->unmap)
+        e = "setting detect-zeroes to unmap is not allowed without setting "
+            "discard operation to unmap";
+    else if (p->aio_set && p->aio == BI_AIO_NATIVE && !p->nocache)
+        e = "aio=native was specified, but it requires cache.direct=on, "
+            "which was not specified.";
+    else if (r->copy_on_read && p->read_only)
+        e = "Can't use copy-on-read on read-only device";
+    else if (p->force_share && !p->read_only)
+        e = "force-share=on can only be used with read-only images";
+    if (e) {
+        io_error_report("%s%s", p->prefix, e);
+        return 1;
     }
-    o.backing_cache = o.cache;
-    o.read_write = !read_only;
-    o.force_share = force_share;
-    o.no_lock = no_lock;
-    o.named_by_options = !name; /* --image-opts: no file name to probe */
-    o.driver_opts = nd ? dopts : NULL;
-    o.protocol_opts = np ? popts : NULL;
-
-    if (r->snapshot) {
-        o.read_write = false; /* the image is the overlay's backing file */
-    }
+    bi_error err;
     bi_error_init(&err);
-    n = bi_open(fname, &o, &err);
-    if (!n) {
-        io_error_report("%s%s", prefix, open_error_text(&err, fname));
-        goto out;
+    if (p->aio_set && bi_aio_select(p->aio, &err) < 0) {
+        io_error_report("%s%s", p->prefix, err.msg);
+        return 1;
     }
-    if (!driver) {
+    return 0;
+}
+
+/* The library's open options for the plan. */
+static void plan_open_opts(const struct io_open_plan *p,
+                           const struct io_open_req *r, const char *name,
+                           struct bi_open_opts *o)
+{
+    bi_open_opts_init(o);
+    o->format = p->driver;
+    o->no_backing = p->no_backing;
+    if (p->no_flush)
+        o->cache = p->nocache ? BI_CACHE_NONE : BI_CACHE_UNSAFE;
+    else if (p->nocache)
+        o->cache = r->writethrough ? BI_CACHE_DIRECTSYNC : BI_CACHE_NONE;
+    else
+        o->cache = r->writethrough ? BI_CACHE_WRITETHROUGH : BI_CACHE_WRITEBACK;
+    o->backing_cache = o->cache;
+    /* with -s the image is the overlay's backing file */
+    o->read_write = !p->read_only && !r->snapshot;
+    o->force_share = p->force_share;
+    o->no_lock = p->no_lock;
+    o->named_by_options = !name; /* --image-opts: no file name to probe */
+    o->driver_opts = p->nd ? p->dopts : NULL;
+    o->protocol_opts = p->np ? p->popts : NULL;
+}
+
+/* Opens the plan's image (and -s's overlay over it), checking the format
+ * options against a probed format. The node, or NULL with the error
+ * printed. */
+static bi_node *plan_open(const struct io_open_plan *p,
+                          const struct io_open_req *r, const char *name)
+{
+    struct bi_open_opts o;
+    bi_error err;
+    plan_open_opts(p, r, name, &o);
+    bi_error_init(&err);
+    bi_node *n = bi_open(p->fname, &o, &err);
+    if (!n) {
+        io_error_report("%s%s", p->prefix, open_error_text(&err, p->fname));
+        return NULL;
+    }
+    for (int i = 0; !p->driver && i < p->nd; i++) {
         /* probed: check the options against the format found */
-        for (int i = 0; i < nd; i++) {
-            if (check_driver_opt(prefix, bi_node_format(n), dopts[i]) < 0) {
-                bi_close(n, NULL);
-                goto out;
-            }
+        if (check_driver_opt(p->prefix, bi_node_format(n), p->dopts[i]) < 0) {
+            bi_close(n, NULL);
+            return NULL;
         }
     }
     if (r->snapshot) {
-        o.read_write = !read_only;
-        n = open_snapshot(n, fname, &o, prefix);
-        if (!n) {
-            goto out;
-        }
+        o.read_write = !p->read_only;
+        n = open_snapshot(n, p->fname, &o, p->prefix);
     }
-    bi_node_set_detect_zeroes(n, dz);
+    return n;
+}
+
+/* The open node becomes the current one, with the request's settings. */
+static void plan_adopt(const struct io_open_plan *p, bi_node *n,
+                       const char *name, const struct io_open_req *r)
+{
+    bi_node_set_detect_zeroes(n, p->dz);
     g_node = n;
     g_format_name = bi_node_format(n);
     g_cor = r->copy_on_read;
@@ -2595,19 +2617,49 @@ int io_openfile(const char *name, struct io_open_req *r)
         bi_info_free(info);
         free(info);
     }
-    g_unmap = unmap;
-    g_no_flush = no_flush && nocache;
+    g_unmap = p->unmap;
+    g_no_flush = p->no_flush && p->nocache;
     save_request(name, r);
-    ret = 0;
-out:
-    for (int i = 0; i < nd; i++) {
-        free((char *)dopts[i]);
+}
+
+int io_openfile(const char *name, struct io_open_req *r)
+{
+    struct io_open_plan p = {
+        .nocache = r->nocache,
+        .no_flush = r->no_flush,
+        .read_only = r->read_only,
+        .force_share = r->force_share,
+        .unmap = r->unmap,
+        .aio_set = r->aio_set,
+        .aio = r->aio,
+        .dz = BI_DETECT_ZEROES_OFF,
+    };
+    int ret = 1;
+
+    if (g_node) {
+        io_error_report("file open already, try 'help close'");
+        return 1;
     }
-    free(dopts);
-    for (int i = 0; i < np; i++) {
-        free((char *)popts[i]);
+    if (plan_name(&p, &name, r))
+        return 1;
+    if (r->force_share) {
+        const char *v = opt_get(&r->opts, "force-share");
+        if (v && strcmp(v, "on") != 0) {
+            io_error_report("-U conflicts with image options");
+            return 1;
+        }
     }
-    free(popts);
+    if (plan_target(&p, name, &r->opts))
+        return 1;
+    if (!plan_split_opts(&p, &r->opts) && !plan_flags(&p, &r->opts) &&
+        !plan_validate(&p, r)) {
+        bi_node *n = plan_open(&p, r, name);
+        if (n) {
+            plan_adopt(&p, n, name, r);
+            ret = 0;
+        }
+    }
+    plan_free(&p);
     return ret;
 }
 
