@@ -221,6 +221,25 @@ def both(run, blkimg, qemu_img, *args, qemu_args=()):
     return b, q
 
 
+def qemu_convert(qemu_img, *args):
+    """qemu-img convert from an http(s) source, as the reference. qemu-img
+    7.2's curl driver stops waking some of its coroutines and hangs (seen
+    with its default 8 coroutines on nginx, and once in CI with one
+    coroutine behind basic authentication): one coroutine, and a run
+    that hangs is killed and tried again. That is qemu-img's bug, not
+    the comparison's, so only three hangs in a row fail the test."""
+    argv = [str(qemu_img), "convert", "-m", "1", *map(str, args)]
+    for _ in range(3):
+        try:
+            cp = subprocess.run(argv, capture_output=True, text=True,
+                                stdin=subprocess.DEVNULL, timeout=60)
+        except subprocess.TimeoutExpired:
+            continue
+        assert cp.returncode == 0, cp.stderr
+        return cp
+    pytest.fail("qemu-img hung three times: " + " ".join(argv))
+
+
 # --------------------------------------------------------------- info, map
 
 
@@ -254,7 +273,7 @@ def test_backing_chain_over_http(run, blkimg, qemu_img, server, tmp_path):
         b, q = both(run, blkimg, qemu_img, *args)
         assert (b.returncode, b.stdout) == (0, ok(q).stdout), args
     ok(run(blkimg, "convert", "-O", "raw", url, tmp_path / "b"))
-    ok(run(qemu_img, "convert", "-m", "1", "-O", "raw", url, tmp_path / "q"))
+    qemu_convert(qemu_img, "-O", "raw", url, tmp_path / "q")
     assert (tmp_path / "b").read_bytes() == (tmp_path / "q").read_bytes()
 
 
@@ -292,9 +311,7 @@ def test_convert_matches_qemu(run, blkimg, qemu_img, server, www, tmp_path,
     url = server.url(img)
     b_out, q_out = tmp_path / "b", tmp_path / "q"
     ok(run(blkimg, "convert", "-O", out, url, b_out))
-    # qemu-img 7.2 hangs copying from nginx with its default 8 coroutines
-    # (its curl driver stops waking some of them): one is enough here
-    ok(run(qemu_img, "convert", "-m", "1", "-O", out, url, q_out))
+    qemu_convert(qemu_img, "-O", out, url, q_out)
     assert b_out.read_bytes() == q_out.read_bytes()
     b, q = both(run, blkimg, qemu_img, "compare", url, www / img)
     assert (b.returncode, b.stdout) == (q.returncode, q.stdout) == \
@@ -372,9 +389,10 @@ def test_secrets(run, blkimg, qemu_img, server, tmp_path):
         assert b.stdout == q.stdout
         assert "virtual size: 3.07 MiB" in b.stdout
     outs = [tmp_path / "b.raw", tmp_path / "q.raw"]
-    for tool, out in zip((blkimg, qemu_img), outs):
-        run(tool, "convert", "-O", "raw", *good[0][:2], "--image-opts",
-            auth, out, check=True)
+    run(blkimg, "convert", "-O", "raw", *good[0][:2], "--image-opts", auth,
+        outs[0], check=True)
+    qemu_convert(qemu_img, "-O", "raw", *good[0][:2], "--image-opts", auth,
+                 outs[1])
     src = (server.www / "odd.raw").read_bytes()
     assert outs[0].read_bytes() == outs[1].read_bytes()
     assert outs[0].read_bytes()[:len(src)] == src
@@ -523,5 +541,5 @@ def test_https(run, blkimg, qemu_img, server, tmp_path):
         b, q = both(run, blkimg, qemu_img, "map", "--output=json", *pre, name)
         assert (b.returncode, b.stdout) == (0, ok(q).stdout)
     ok(run(blkimg, "convert", "-O", "raw", js, tmp_path / "b"))
-    ok(run(qemu_img, "convert", "-m", "1", "-O", "raw", js, tmp_path / "q"))
+    qemu_convert(qemu_img, "-O", "raw", js, tmp_path / "q")
     assert (tmp_path / "b").read_bytes() == (tmp_path / "q").read_bytes()
