@@ -205,7 +205,10 @@ void img_help(void)
                "image's protocol\n"
                "       node: I/O calls, bytes read and written, bounced "
                "bytes, read-modify-\n"
-               "       write operations, waits on overlapping requests\n");
+               "       write operations, waits on overlapping requests\n"
+               "  '--object' an object (a secret for an encrypted image "
+               "named with\n"
+               "       --image-opts), as the other subcommands take it\n");
     }
     if (have_cmd("probe")) {
         printf("\n"

@@ -6,7 +6,8 @@
  *
  * Extensions: --random[=SEED] sends each request to a random multiple of
  * the step in [offset, image size); --stats prints the protocol node's
- * I/O counters after the run.
+ * I/O counters after the run; --object defines a secret, so that an
+ * encrypted image can be measured.
  *
  * The submission loop allocates nothing: the DEPTH request slots (buffer
  * and iovec each) are set up once and reused.
@@ -177,6 +178,7 @@ enum {
     OPT_IMAGE_OPTS,
     OPT_RANDOM,
     OPT_STATS,
+    OPT_OBJECT,
 };
 
 int img_bench(int argc, char **argv)
@@ -190,6 +192,8 @@ int img_bench(int argc, char **argv)
         {"force-share", no_argument, 0, 'U'},
         {"random", optional_argument, 0, OPT_RANDOM},
         {"stats", no_argument, 0, OPT_STATS},
+        /* not in qemu-img 7.2's bench: a secret for an encrypted image */
+        {"object", required_argument, 0, OPT_OBJECT},
         {0, 0, 0, 0},
     };
     const char *fmt = NULL, *filename;
@@ -294,6 +298,10 @@ int img_bench(int argc, char **argv)
             break;
         case 'U':
             force_share = true;
+            break;
+        case OPT_OBJECT:
+            if (tool_object_add(optarg) < 0)
+                return 1;
             break;
         case OPT_PATTERN: {
             unsigned long res;
