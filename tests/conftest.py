@@ -35,6 +35,7 @@ import os
 import re
 import shutil
 import subprocess
+import time
 
 import pytest
 
@@ -128,6 +129,25 @@ def run_cmd(*cmd, input=None, timeout=DEFAULT_TIMEOUT, env=None, cwd=None,
     if check and cp.returncode != 0:
         pytest.fail("command failed (exit %d): %s\nstdout:\n%s\nstderr:\n%s" %
                     (cp.returncode, " ".join(argv), cp.stdout, cp.stderr))
+    return cp
+
+
+# qemu-img 7.2 times PBKDF2 by its thread's user CPU time, which the
+# kernel splits from system time by tick samples: on a loaded machine a
+# run can see no user time pass and refuse ("Unable to get accurate CPU
+# usage"). QEMU's sanity check, not the case under test.
+PBKDF2_TIMING = "Unable to get accurate CPU usage"
+
+
+def qemu_pbkdf2_retry(*cmd, tries=10, **kw):
+    """run_cmd of a qemu-img command that times PBKDF2 (create, amend,
+    measure, convert to an encrypted image), tried again, after a pause
+    that grows, while it fails for its timing alone. The last result."""
+    for i in range(tries):
+        cp = run_cmd(*cmd, **kw)
+        if cp.returncode == 0 or PBKDF2_TIMING not in cp.stderr:
+            break
+        time.sleep(0.1 * (i + 1))
     return cp
 
 

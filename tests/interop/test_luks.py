@@ -14,8 +14,8 @@ file; writes at unaligned offsets with -t none (O_DIRECT) land where
 qemu-io reads them.
 
 qemu-img times PBKDF2 on the CPU and sometimes finds no usable reading
-with short iter-times ("Unable to get accurate CPU usage"): creation is
-retried a few times.
+("Unable to get accurate CPU usage"): its commands that time it are
+retried (conftest.qemu_pbkdf2_retry).
 """
 import base64
 import hashlib
@@ -26,7 +26,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import cached_dir
+from conftest import cached_dir, qemu_pbkdf2_retry
 
 pytestmark = pytest.mark.qemu
 
@@ -84,18 +84,10 @@ def image_opts(path, secret="s0"):
 
 
 def qemu_create(qemu_img, path, opts, size="3M", extra=()):
-    last = None
-    for _ in range(6):
-        cp = subprocess.run([qemu_img, "create", "-q"] + list(extra) +
-                            SECRET + ["-f", "luks", "-o", opts, str(path),
-                                      size],
-                            capture_output=True, text=True)
-        if cp.returncode == 0:
-            return
-        last = cp.stderr
-        if "accurate CPU usage" not in cp.stderr:
-            break
-    pytest.fail("qemu-img create failed: %s" % last)
+    cp = qemu_pbkdf2_retry([qemu_img, "create", "-q"] + list(extra) + SECRET +
+                           ["-f", "luks", "-o", opts, str(path), size])
+    if cp.returncode != 0:
+        pytest.fail("qemu-img create failed: %s" % cp.stderr)
 
 
 def io_cmds(patterns, verb):
@@ -315,13 +307,9 @@ def test_key_slots_across_tools(run, blkimg, blkimg_io, qemu_img, qemu_io,
                                     image_opts(img, "s1")])
     assert q.returncode == 0 and "read 512/512" in q.stdout, q.stderr
     # qemu adds the next free slot (1); blkimg opens with it
-    last = None
-    for _ in range(6):
-        q = run([qemu_img, "amend"] + SECRET + s2 +
-                ["--image-opts", image_opts(img), "-o",
-                 "state=active,new-secret=s2,iter-time=10"])
-        if q.returncode == 0 or "accurate CPU" not in q.stderr:
-            break
+    q = qemu_pbkdf2_retry([qemu_img, "amend"] + SECRET + s2 +
+                          ["--image-opts", image_opts(img), "-o",
+                           "state=active,new-secret=s2,iter-time=10"])
     assert q.returncode == 0, q.stderr
     b = run([blkimg_io, "-r"] + s2 + ["--image-opts", "-c", "read 0 512",
                                       image_opts(img, "s2")])
@@ -407,10 +395,7 @@ def small(qemu_img, tmp_path_factory):
 
 
 def both(run, blkimg, qemu_img, args):
-    for _ in range(6):
-        q = run([qemu_img] + args)
-        if "accurate CPU usage" not in q.stderr:
-            break
+    q = qemu_pbkdf2_retry([qemu_img] + args)
     b = run([blkimg] + args)
     return q, b
 

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import cached_dir
+from conftest import cached_dir, qemu_pbkdf2_retry
 
 pytestmark = pytest.mark.qemu
 
@@ -36,14 +36,10 @@ PATTERN = ["write -P 0xa5 0 64k", "write -P 0x5a 100k 200k",
 
 
 def _qemu_img_create(args):
-    # QEMU times its PBKDF2 iterations: on a loaded machine that can fail
-    # ("Unable to get accurate CPU usage"); try again
-    for _ in range(5):
-        cp = subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2"] +
-                            OBJS + args, capture_output=True, text=True)
-        if cp.returncode == 0:
-            return
-    pytest.fail("qemu-img create failed: " + cp.stderr)
+    cp = qemu_pbkdf2_retry(["qemu-img", "create", "-q", "-f", "qcow2"] +
+                           OBJS + args)
+    if cp.returncode != 0:
+        pytest.fail("qemu-img create failed: " + cp.stderr)
 
 
 def _qemu_io(opts, cmds):
@@ -377,12 +373,7 @@ def test_measure(run, qemu_img, blkimg, images, tmp_path, o, src):
     # text for a size, JSON for an image: each output form once per case
     for out in ([] if src is None else ["--output=json"],):
         args = ["measure"] + out + OBJS + ["-O", "qcow2", "-o", o] + what
-        # qemu-img times PBKDF2 here too: on a loaded machine that can
-        # fail ("Unable to get accurate CPU usage"); try again
-        for _ in range(5):
-            q = run([qemu_img] + args)
-            if "accurate CPU usage" not in q.stderr:
-                break
+        q = qemu_pbkdf2_retry([qemu_img] + args)
         b = run([blkimg] + args)
         assert (b.returncode, b.stdout) == (q.returncode, q.stdout), \
             q.stderr + b.stderr

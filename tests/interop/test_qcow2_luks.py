@@ -7,10 +7,9 @@ and the file is left unchanged."""
 import hashlib
 import json
 import shutil
-import subprocess
 
 import pytest
-from conftest import cached_dir
+from conftest import cached_dir, qemu_pbkdf2_retry
 
 pytestmark = pytest.mark.qemu
 
@@ -30,15 +29,10 @@ def _create(qemu_img, path, extra):
     opts = "encrypt.format=luks,encrypt.key-secret=s0,encrypt.iter-time=10"
     if extra:
         opts += "," + extra
-    # QEMU times its PBKDF2 iterations: on a loaded machine that can fail
-    # ("Unable to get accurate CPU usage"); try again
-    for _ in range(5):
-        cp = subprocess.run([qemu_img, "create", "-q", "-f", "qcow2"] +
-                            SECRET + ["-o", opts, str(path), "4M"],
-                            capture_output=True, text=True)
-        if cp.returncode == 0:
-            return
-    pytest.fail("qemu-img create failed: " + cp.stderr)
+    cp = qemu_pbkdf2_retry([qemu_img, "create", "-q", "-f", "qcow2"] +
+                           SECRET + ["-o", opts, str(path), "4M"])
+    if cp.returncode != 0:
+        pytest.fail("qemu-img create failed: " + cp.stderr)
 
 
 @pytest.fixture(scope="module")
