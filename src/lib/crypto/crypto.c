@@ -328,16 +328,18 @@ int bi_cipher_setiv(bi_cipher *c, const uint8_t *iv, size_t len)
     return e ? gcry_errno(e) : 0;
 }
 
-static int cipher_run(bi_cipher *c, bool enc, uint8_t *buf, size_t len,
-                      bi_error *err)
+/* len bytes of in (NULL: of out, in place) through the cipher into out. */
+static int cipher_run(bi_cipher *c, bool enc, uint8_t *out, const uint8_t *in,
+                      size_t len, bi_error *err)
 {
     size_t bl = ciphers[c->alg].block;
     if (c->mode != BI_MODE_CTR && len % bl)
         return bi_error_setc(err, -EINVAL,
                              "Length %zu must be a multiple of block size %zu",
                              len, bl);
-    gcry_error_t e = enc ? gcry_cipher_encrypt(c->hd, buf, len, NULL, 0)
-                         : gcry_cipher_decrypt(c->hd, buf, len, NULL, 0);
+    size_t inlen = in ? len : 0;
+    gcry_error_t e = enc ? gcry_cipher_encrypt(c->hd, out, len, in, inlen)
+                         : gcry_cipher_decrypt(c->hd, out, len, in, inlen);
     if (e)
         return bi_error_setc(err, gcry_errno(e), "Cannot %s data: %s",
                              enc ? "encrypt" : "decrypt", gcry_strerror(e));
@@ -346,10 +348,16 @@ static int cipher_run(bi_cipher *c, bool enc, uint8_t *buf, size_t len,
 
 int bi_cipher_encrypt(bi_cipher *c, uint8_t *buf, size_t len, bi_error *err)
 {
-    return cipher_run(c, true, buf, len, err);
+    return cipher_run(c, true, buf, NULL, len, err);
 }
 
 int bi_cipher_decrypt(bi_cipher *c, uint8_t *buf, size_t len, bi_error *err)
 {
-    return cipher_run(c, false, buf, len, err);
+    return cipher_run(c, false, buf, NULL, len, err);
+}
+
+int bi_cipher_encrypt_to(bi_cipher *c, uint8_t *out, const uint8_t *in,
+                         size_t len, bi_error *err)
+{
+    return cipher_run(c, true, out, in, len, err);
 }

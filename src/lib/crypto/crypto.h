@@ -115,6 +115,10 @@ int bi_cipher_setiv(bi_cipher *c, const uint8_t *iv, size_t len);
  * with err set (QEMU's "Length N must be a multiple of block size M"). */
 int bi_cipher_encrypt(bi_cipher *c, uint8_t *buf, size_t len, bi_error *err);
 int bi_cipher_decrypt(bi_cipher *c, uint8_t *buf, size_t len, bi_error *err);
+/* The same, from in to out (len bytes each, not overlapping): encrypting
+ * a caller's data without copying it first. */
+int bi_cipher_encrypt_to(bi_cipher *c, uint8_t *out, const uint8_t *in,
+                         size_t len, bi_error *err);
 
 /* Sector encryption of an image: the cipher keyed with the master key,
  * a fresh IV per sector from the sector number (plain: its low 32 bits,
@@ -141,6 +145,10 @@ uint32_t bi_crypt_sector_size(const bi_crypt *c);
  * sector size, the first being sector number sector. 0 or -errno. */
 int bi_crypt_sectors(bi_crypt *c, bool encrypt, uint64_t sector, uint8_t *buf,
                      size_t len);
+/* Encrypts len bytes of plaintext in (not overlapping out) into out, the
+ * first being sector number sector. 0 or -errno. */
+int bi_crypt_encrypt_to(bi_crypt *c, uint64_t sector, uint8_t *out,
+                        const uint8_t *in, size_t len);
 
 /* explicit_bzero then free. */
 void bi_crypto_wipe_free(void *p, size_t len);

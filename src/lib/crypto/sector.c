@@ -6,6 +6,7 @@
 #include "crypto/crypto.h"
 #include "util/util.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,12 +119,15 @@ static int make_iv(bi_crypt *c, uint64_t s, uint8_t *iv)
     }
 }
 
-int bi_crypt_sectors(bi_crypt *c, bool encrypt, uint64_t sector, uint8_t *buf,
-                     size_t len)
+/* len bytes from in (NULL: out, in place) through the sector cipher into
+ * out, sector by sector; only encryption goes from one buffer to another. */
+static int crypt_run(bi_crypt *c, bool encrypt, uint64_t sector, uint8_t *out,
+                     const uint8_t *in, size_t len)
 {
     size_t ss = c->p.sector_size;
     uint8_t iv[32];
 
+    assert(!in || encrypt);
     if (len % ss)
         return -EINVAL;
     for (size_t off = 0; off < len; off += ss, sector++) {
@@ -133,11 +137,27 @@ int bi_crypt_sectors(bi_crypt *c, bool encrypt, uint64_t sector, uint8_t *buf,
             if (ret == 0)
                 ret = bi_cipher_setiv(c->cipher, iv, c->niv);
         }
-        if (ret == 0)
-            ret = encrypt ? bi_cipher_encrypt(c->cipher, buf + off, ss, NULL)
-                          : bi_cipher_decrypt(c->cipher, buf + off, ss, NULL);
+        if (ret == 0 && in)
+            ret =
+                bi_cipher_encrypt_to(c->cipher, out + off, in + off, ss, NULL);
+        else if (ret == 0)
+            ret = encrypt ? bi_cipher_encrypt(c->cipher, out + off, ss, NULL)
+                          : bi_cipher_decrypt(c->cipher, out + off, ss, NULL);
         if (ret < 0)
             return ret;
     }
     return 0;
+}
+
+int bi_crypt_sectors(bi_crypt *c, bool encrypt, uint64_t sector, uint8_t *buf,
+                     size_t len)
+{
+    return crypt_run(c, encrypt, sector, buf, NULL, len);
+}
+
+int bi_crypt_encrypt_to(bi_crypt *c, uint64_t sector, uint8_t *out,
+                        const uint8_t *in, size_t len)
+{
+    assert(in && (in + len <= out || out + len <= in));
+    return crypt_run(c, true, sector, out, in, len);
 }
