@@ -252,18 +252,52 @@ static int proto_rw(bi_node *n, bool write, uint64_t off, uint64_t len,
  * its own request alignment as any request). The caller's buffer is never
  * encrypted in place. */
 
+/* Reads len guest bytes of ext into the caller's own buffers and decrypts
+ * them there, when the range is whole cipher sectors and each of its
+ * buffers holds whole sectors (convert's and most callers' case): no
+ * bounce buffer, no copy. 1 when the range does not qualify (nothing
+ * read), else 0 or a negative errno. */
+static int crypt_read_in_place(const struct bi_extent *ext, uint64_t len,
+                               const struct iovec *iov, int iovcnt,
+                               uint64_t iov_off)
+{
+    uint64_t ss = bi_crypt_sector_size(ext->crypt);
+    struct iov_slice s;
+    if (ext->crypt_offset % ss || len % ss)
+        return 1;
+    int ret = slice_make(&s, iov, iovcnt, iov_off, len, NULL, 0, NULL, 0);
+    if (ret < 0)
+        return ret;
+    if (!bi_iov_aligned(s.v, s.cnt, 1, ss)) {
+        slice_free(&s);
+        return 1;
+    }
+    ret = bi_co_preadv(ext->host, ext->host_offset, len, s.v, s.cnt);
+    uint64_t sector = ext->crypt_offset / ss;
+    for (int i = 0; i < s.cnt && ret == 0; i++) {
+        ret = bi_crypt_sectors(ext->crypt, false, sector, s.v[i].iov_base,
+                               s.v[i].iov_len);
+        sector += s.v[i].iov_len / ss;
+    }
+    slice_free(&s);
+    return ret;
+}
+
 /* Reads len guest bytes of ext (from its mapped offset) into iov at
  * iov_off, decrypted. */
 static int crypt_read(const struct bi_extent *ext, uint64_t len,
                       const struct iovec *iov, int iovcnt, uint64_t iov_off)
 {
+    int ret = crypt_read_in_place(ext, len, iov, iovcnt, iov_off);
+    if (ret <= 0)
+        return ret;
+    ret = 0; /* partial sectors: through a bounce buffer */
     uint64_t ss = bi_crypt_sector_size(ext->crypt);
     uint64_t head = ext->crypt_offset % ss;
     uint64_t cpos = ext->crypt_offset - head, hpos = ext->host_offset - head;
     uint64_t end = bi_align_up(head + len, ss);
     uint64_t bufsz = BI_MIN(end, bi_align_down(CRYPT_CHUNK, ss));
     uint8_t *buf = bi_blockalign(ext->host, bufsz);
-    int ret = 0;
 
     assert(ext->host_offset >= head && ss > 0);
     if (!buf)
@@ -322,6 +356,75 @@ static int crypt_read_sector(const struct bi_extent *ext, uint64_t ss,
                : bi_crypt_sectors(ext->crypt, false, (cpos + pos) / ss, at, ss);
 }
 
+/* Encrypts n bytes of the plaintext v (each buffer whole sectors), from
+ * its byte from (a sector boundary), into dst; sector is from's number. */
+static int crypt_slice_to(bi_crypt *c, const struct iovec *v, int cnt,
+                          uint64_t from, uint64_t n, uint64_t sector,
+                          uint8_t *dst)
+{
+    uint64_t ss = bi_crypt_sector_size(c);
+    for (int i = 0; i < cnt && n; i++) {
+        uint64_t el = v[i].iov_len;
+        if (from >= el) {
+            from -= el;
+            continue;
+        }
+        uint64_t k = BI_MIN(el - from, n);
+        int ret = bi_crypt_encrypt_to(c, sector, dst,
+                                      (const uint8_t *)v[i].iov_base + from, k);
+        if (ret < 0)
+            return ret;
+        sector += k / ss;
+        dst += k;
+        n -= k;
+        from = 0;
+    }
+    assert(n == 0);
+    return 0;
+}
+
+/* Writes ext's plaintext (cow head + l bytes of iov + cow tail) to the
+ * host, encrypted, when it is whole cipher sectors in buffers of whole
+ * sectors (convert's and most callers' case): each chunk is encrypted
+ * from those buffers straight into the bounce buffer, which never holds
+ * plaintext. 1 when the write does not qualify (nothing written), else 0
+ * or a negative errno. */
+static int crypt_write_whole(const struct bi_extent *ext, uint64_t l,
+                             const struct iovec *iov, int iovcnt,
+                             uint64_t iov_off, int flags)
+{
+    uint64_t ss = bi_crypt_sector_size(ext->crypt);
+    uint64_t total = ext->cow_head_len + l + ext->cow_tail_len;
+    uint64_t c0 = ext->crypt_offset - ext->cow_head_len;
+    uint64_t h0 = ext->host_offset - ext->cow_head_len;
+    struct iov_slice s;
+    if (c0 % ss || total % ss)
+        return 1;
+    int ret = slice_make(&s, iov, iovcnt, iov_off, l, ext->cow_head,
+                         ext->cow_head_len, ext->cow_tail, ext->cow_tail_len);
+    if (ret < 0)
+        return ret;
+    if (!bi_iov_aligned(s.v, s.cnt, 1, ss)) {
+        slice_free(&s);
+        return 1;
+    }
+    uint64_t bufsz = BI_MIN(total, bi_align_down(CRYPT_CHUNK, ss));
+    uint8_t *buf = bi_blockalign(ext->host, bufsz);
+    ret = buf ? 0 : -ENOMEM;
+    for (uint64_t done = 0; done < total && ret == 0;) {
+        uint64_t cl = BI_MIN(bufsz, total - done);
+        ret = crypt_slice_to(ext->crypt, s.v, s.cnt, done, cl, (c0 + done) / ss,
+                             buf);
+        if (ret == 0)
+            ret = bi_co_pwrite(ext->host, h0 + done, buf, cl,
+                               flags | BI_REQ_NO_DETECT_ZEROES);
+        done += cl;
+    }
+    bi_free_aligned(buf);
+    slice_free(&s);
+    return ret;
+}
+
 /* Writes ext's plaintext (cow head + l bytes of iov + cow tail) to the
  * host, encrypted; partial sectors at either end are read and merged
  * first (the caller serialises overlapping writes at sector
@@ -330,6 +433,9 @@ static int crypt_write(const struct bi_extent *ext, uint64_t l,
                        const struct iovec *iov, int iovcnt, uint64_t iov_off,
                        int flags)
 {
+    int whole = crypt_write_whole(ext, l, iov, iovcnt, iov_off, flags);
+    if (whole <= 0)
+        return whole;
     uint64_t ss = bi_crypt_sector_size(ext->crypt);
     uint64_t total = ext->cow_head_len + l + ext->cow_tail_len;
     uint64_t c0 = ext->crypt_offset - ext->cow_head_len;
