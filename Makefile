@@ -51,11 +51,16 @@ build: $(BUILD)/build.ninja
 	$(NINJA) -C $(BUILD)
 
 # Small C helpers for the benchmarks, kept out of meson on purpose.
-bench-tools: $(BUILD)/bench/dio_align
+bench-tools: $(BUILD)/bench/dio_align $(BUILD)/bench/xts_speed
 
 $(BUILD)/bench/dio_align: bench/dio_align.c
 	@mkdir -p $(BUILD)/bench
 	$(CC) -O2 -Wall -Wextra -Werror -std=c11 -D_GNU_SOURCE -o $@ $<
+
+$(BUILD)/bench/xts_speed: bench/xts_speed.c
+	@mkdir -p $(BUILD)/bench
+	$(CC) -O2 -Wall -Wextra -Werror -std=c11 -D_GNU_SOURCE -o $@ $< \
+		$$(pkg-config --cflags --libs libgcrypt)
 
 run: deps build
 	@BLKIMG_BUILD=$(BUILD) scripts/demo.sh

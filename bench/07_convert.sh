@@ -39,73 +39,22 @@ CASES=(
     "empty 1 TiB qcow2->raw|<=|1.0|-|$EMPTY|qcow2|raw|"
 )
 
-# run1 TOOL SRC SFMT TFMT OPTS CHECK: one timed run; appends to WS CS MS,
-# sets OK on a failure (CHECK=1: verify the output with qemu-img).
-run1() {
-    local tool=$1 src=$2 sfmt=$3 tfmt=$4 opts=$5 check=$6 t w u s m
-    rm -f "$DST"
-    drop_caches
-    # shellcheck disable=SC2086
-    timed t "$tool" convert $opts -f "$sfmt" -O "$tfmt" "$src" "$DST"
-    if [ -z "$t" ]; then
-        OK="convert FAILED"
-        return
-    fi
-    read -r w u s m <<<"$t"
-    WS+=("$w")
-    CS+=("$(awk -v u="$u" -v s="$s" 'BEGIN{print u + s}')")
-    MS+=("$m")
-    if [ "$check" = 1 ]; then
-        if ! qemu-img compare -q -f "$sfmt" -F "$tfmt" "$src" "$DST" >/dev/null 2>&1; then
-            OK="qemu-img compare: DIFFERENT"
-        elif [ "$tfmt" = qcow2 ] && ! qemu-img check -q -f qcow2 "$DST" >/dev/null 2>&1; then
-            OK="qemu-img check FAILED"
-        fi
-    fi
-}
-
-# both SRC SFMT TFMT OPTS: blkimg and qemu-img interleaved (the order
-# alternates; the shared disk drifts too much for back-to-back series);
-# sets BW BC BM (blkimg medians, max RSS), QW QC QM, OK.
+# both SRC SFMT TFMT OPTS: convert_pair of SRC to TFMT, verified.
 both() {
-    local src=$1 sfmt=$2 tfmt=$3 opts=$4 i reps=$((BENCH_REPS * 2 - 1))
-    local bw=() bc=() bm=() qw=() qc=() qm=()
+    local reps=$((BENCH_REPS * 2 - 1))
     # Compression runs take 10 to 25 s: three keep the bench short, and
     # one alone was at the mercy of the shared host.
     # Default-cache runs last about half a second, and the disk's drift
     # (reading the source alone takes 0.26 to 0.72 s) decides much of
     # each: nine runs give a steadier median.
-    case "$opts" in
+    case "$4" in
     *-c*) reps=$((BENCH_REPS >= 3 ? 3 : 1)) ;;
     *none*) ;;
     *) reps=$((BENCH_REPS * 3)) ;;
     esac
-    OK=ok
-    for ((i = 0; i < reps; i++)); do
-        local order=("$BLKIMG" qemu-img)
-        ((i % 2)) && order=(qemu-img "$BLKIMG")
-        for tool in "${order[@]}"; do
-            WS=() CS=() MS=()
-            run1 "$tool" "$src" "$sfmt" "$tfmt" "$opts" \
-                "$([ "$i" -eq 0 ] && [ "$tool" != qemu-img ] && echo 1)"
-            [ ${#WS[@]} -gt 0 ] || continue
-            if [ "$tool" = qemu-img ]; then
-                qw+=("${WS[0]}") qc+=("${CS[0]}") qm+=("${MS[0]}")
-            else
-                bw+=("${WS[0]}") bc+=("${CS[0]}") bm+=("${MS[0]}")
-            fi
-        done
-    done
-    rm -f "$DST"
-    BW=- BC=- BM=- QW=- QC=- QM=-
-    if [ ${#bw[@]} -gt 0 ]; then
-        BW=$(median "${bw[@]}") BC=$(median "${bc[@]}")
-        BM=$(peak_mib "${bm[@]}")
-    fi
-    if [ ${#qw[@]} -gt 0 ]; then
-        QW=$(median "${qw[@]}") QC=$(median "${qc[@]}")
-        QM=$(peak_mib "${qm[@]}")
-    fi
+    # shellcheck disable=SC2086
+    convert_pair "$reps" "verify_copy $2 $1 $3 $DST" $4 -f "$2" -O "$3" \
+        "$1" "$DST"
 }
 
 printf '  %-30s | %8s %8s %6s | %8s %8s %6s | %8s %8s | %s\n' "case" "wall s" "qemu" "ratio" "cpu s" "qemu" "ratio" "RSS MiB" "qemu" "blkimg output"

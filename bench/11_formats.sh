@@ -42,12 +42,6 @@ FORMATS=(
     "vdi dynamic|vdi|fmt-dyn.vdi|static=off"
 )
 
-# Does qemu-img check know this format? (It does not check vpc.)
-checkable() {
-    case "$1" in vpc | raw) return 1 ;; esac
-    return 0
-}
-
 if [ ! -f "$RAW" ] || [ "$(stat -c %s "$RAW")" -ne $((src_mib << 20)) ]; then
     note "creating $RAW ($src_mib MiB, about half allocated with random data)"
     rm -f "$RAW"
@@ -68,62 +62,11 @@ alloc=$(($(stat -c %b "$RAW") * 512 >> 20))
 note "source: $RAW, $src_mib MiB virtual, $alloc MiB allocated; $((BENCH_REPS * 2 - 1)) interleaved run(s) each (median; default cache: $((BENCH_REPS * 3)), compressed targets: $((BENCH_REPS >= 3 ? 3 : 1))), caches dropped before each run"
 note "the machine is shared (2 cores, other jobs running): ratios of runs interleaved in one series are what counts, not the absolute times"
 
-# run1 TOOL SRC SFMT TFMT OPTS CHECK: one timed run; sets T ("wall cpu
-# maxrss_kib" or ""), and OK on a failure (CHECK=1: verify the output).
-run1() {
-    local tool=$1 src=$2 sfmt=$3 tfmt=$4 opts=$5 check=$6 t w u s m
-    rm -f "$DST"
-    drop_caches
-    # shellcheck disable=SC2086
-    timed t "$tool" convert $opts -f "$sfmt" -O "$tfmt" "$src" "$DST"
-    T=""
-    if [ -z "$t" ]; then
-        OK="convert FAILED"
-        return
-    fi
-    read -r w u s m <<<"$t"
-    T="$w $(awk -v u="$u" -v s="$s" 'BEGIN{print u + s}') $m"
-    if [ "$check" = 1 ]; then
-        if ! qemu-img compare -q -f "$sfmt" -F "$tfmt" "$src" "$DST" >/dev/null 2>&1; then
-            OK="qemu-img compare: DIFFERENT"
-        elif checkable "$tfmt" && ! qemu-img check -q -f "$tfmt" "$DST" >/dev/null 2>&1; then
-            OK="qemu-img check FAILED"
-        fi
-    fi
-}
-
-# both SRC SFMT TFMT OPTS REPS: blkimg and qemu-img interleaved, the
-# order alternating; sets BW BC BM (blkimg medians, max RSS MiB), QW QC
-# QM, OK.
+# both SRC SFMT TFMT OPTS REPS: convert_pair of SRC to TFMT, verified.
 both() {
-    local src=$1 sfmt=$2 tfmt=$3 opts=$4 reps=$5 i tool w c m
-    local bw=() bc=() bm=() qw=() qc=() qm=()
-    OK=ok
-    for ((i = 0; i < reps; i++)); do
-        local order=("$BLKIMG" qemu-img)
-        ((i % 2)) && order=(qemu-img "$BLKIMG")
-        for tool in "${order[@]}"; do
-            run1 "$tool" "$src" "$sfmt" "$tfmt" "$opts" \
-                "$([ "$i" -eq 0 ] && [ "$tool" != qemu-img ] && echo 1)"
-            [ -n "$T" ] || continue
-            read -r w c m <<<"$T"
-            if [ "$tool" = qemu-img ]; then
-                qw+=("$w") qc+=("$c") qm+=("$m")
-            else
-                bw+=("$w") bc+=("$c") bm+=("$m")
-            fi
-        done
-    done
-    rm -f "$DST"
-    BW=- BC=- BM=- QW=- QC=- QM=-
-    if [ ${#bw[@]} -gt 0 ]; then
-        BW=$(median "${bw[@]}") BC=$(median "${bc[@]}")
-        BM=$(peak_mib "${bm[@]}")
-    fi
-    if [ ${#qw[@]} -gt 0 ]; then
-        QW=$(median "${qw[@]}") QC=$(median "${qc[@]}")
-        QM=$(peak_mib "${qm[@]}")
-    fi
+    # shellcheck disable=SC2086
+    convert_pair "$5" "verify_copy $2 $1 $3 $DST" $4 -f "$2" -O "$3" "$1" \
+        "$DST"
 }
 
 maxrss=0

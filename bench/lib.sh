@@ -183,6 +183,85 @@ timed() {
     fi
 }
 
+# timed_retry OUTVAR DST CMD...: timed, DST removed and caches dropped
+# first; a run that fails for qemu-img 7.2's PBKDF2 timing ("Unable to
+# get accurate CPU usage", its sanity check on a loaded machine) is tried
+# again, up to three times.
+timed_retry() {
+    local __out=$1 dst=$2 try
+    shift 2
+    for try in 1 2 3; do
+        rm -f "$dst"
+        drop_caches
+        timed "$__out" "$@" 2>/dev/null
+        [ -n "${!__out}" ] && return
+        grep -q "Unable to get accurate CPU usage" "$BENCH_DIR/last.out" ||
+            break
+    done
+    echo "  command failed: $*" >&2
+    sed 's/^/    /' "$BENCH_DIR/last.out" | tail -n 5 >&2
+}
+
+# convert_pair REPS VERIFY ARGS...: `blkimg convert ARGS` and `qemu-img
+# convert ARGS` interleaved, REPS runs each, the order alternating (the
+# shared disk drifts too much for back-to-back series), caches dropped
+# before each run. The last of ARGS is the target, removed before each
+# run and at the end. VERIFY is a command (words, no quoting) run after
+# blkimg's first run, or "-": its failure message, if it prints one,
+# becomes OK. Sets BW BC BM (blkimg's median wall s, median CPU s
+# user+sys, peak RSS MiB), QW QC QM (qemu-img's) and OK ("ok" or what
+# failed).
+convert_pair() {
+    local reps=$1 verify=$2 i tool t w u s m v
+    shift 2
+    local dst=${!#} bw=() bc=() bm=() qw=() qc=() qm=()
+    OK=ok
+    for ((i = 0; i < reps; i++)); do
+        local order=("$BLKIMG" qemu-img)
+        ((i % 2)) && order=(qemu-img "$BLKIMG")
+        for tool in "${order[@]}"; do
+            timed_retry t "$dst" "$tool" convert "$@"
+            if [ -z "$t" ]; then
+                OK="convert FAILED"
+                continue
+            fi
+            read -r w u s m <<<"$t"
+            if [ "$tool" = qemu-img ]; then
+                qw+=("$w") qc+=("$(awk -v u="$u" -v s="$s" 'BEGIN{print u + s}')") qm+=("$m")
+                continue
+            fi
+            bw+=("$w") bc+=("$(awk -v u="$u" -v s="$s" 'BEGIN{print u + s}')") bm+=("$m")
+            if [ "$i" -eq 0 ] && [ "$verify" != - ]; then
+                # shellcheck disable=SC2086
+                v=$($verify)
+                [ -n "$v" ] && OK=$v
+            fi
+        done
+    done
+    rm -f "$dst"
+    BW=- BC=- BM=- QW=- QC=- QM=-
+    if [ ${#bw[@]} -gt 0 ]; then
+        BW=$(median "${bw[@]}") BC=$(median "${bc[@]}")
+        BM=$(peak_mib "${bm[@]}")
+    fi
+    if [ ${#qw[@]} -gt 0 ]; then
+        QW=$(median "${qw[@]}") QC=$(median "${qc[@]}")
+        QM=$(peak_mib "${qm[@]}")
+    fi
+}
+
+# verify_copy SFMT SRC TFMT DST: prints what is wrong with a converted
+# image (nothing when qemu-img compare finds it identical and, for the
+# formats qemu-img checks, qemu-img check finds it clean).
+verify_copy() {
+    if ! qemu-img compare -q -f "$1" -F "$3" "$2" "$4" >/dev/null 2>&1; then
+        echo "qemu-img compare: DIFFERENT"
+    elif [ "$3" != raw ] && [ "$3" != vpc ] &&
+        ! qemu-img check -q -f "$3" "$4" >/dev/null 2>&1; then
+        echo "qemu-img check FAILED"
+    fi
+}
+
 # ensure_random_raw FILE SIZE_MIB: a fully allocated raw file of random data
 # (reused when it already exists with the right size).
 ensure_random_raw() {
