@@ -12,6 +12,7 @@
 #ifndef BI_PROTOCOL_RBD_LIB_H
 #define BI_PROTOCOL_RBD_LIB_H
 
+#include "util/dl.h"
 #include "util/util.h"
 
 #include <rados/librados.h>
@@ -51,11 +52,9 @@
     X(rbd_snap_rollback)                                                       \
     X(rbd_stat)
 
-#define BI_RBD_POINTER(name) __typeof__(name) *name;
 struct bi_rbd_lib {
-    BI_RBD_FUNCTIONS(BI_RBD_POINTER)
+    BI_RBD_FUNCTIONS(BI_DL_POINTER)
 };
-#undef BI_RBD_POINTER
 
 extern struct bi_rbd_lib bi_rbd;
 
