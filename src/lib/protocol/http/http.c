@@ -53,7 +53,7 @@ static CURLcode global_ret;
 
 static void global_init(void)
 {
-    global_ret = curl_global_init(CURL_GLOBAL_ALL);
+    global_ret = bi_curl.curl_global_init(CURL_GLOBAL_ALL);
 }
 
 /* --------------------------------------------------------------- handles */
@@ -63,41 +63,41 @@ static void global_init(void)
 static CURL *easy_new(const struct http_state *s)
 {
     const struct http_conf *c = &s->c;
-    CURL *e = curl_easy_init();
+    CURL *e = bi_curl.curl_easy_init();
 
     if (!e) {
         return NULL;
     }
-    curl_easy_setopt(e, CURLOPT_URL, c->url);
-    curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, (long)c->sslverify);
-    curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, c->sslverify ? 2L : 0L);
+    bi_curl.curl_easy_setopt(e, CURLOPT_URL, c->url);
+    bi_curl.curl_easy_setopt(e, CURLOPT_SSL_VERIFYPEER, (long)c->sslverify);
+    bi_curl.curl_easy_setopt(e, CURLOPT_SSL_VERIFYHOST, c->sslverify ? 2L : 0L);
     if (c->cookie || c->cookie_secret) {
-        curl_easy_setopt(e, CURLOPT_COOKIE,
-                         c->cookie ? c->cookie : c->cookie_secret);
+        bi_curl.curl_easy_setopt(e, CURLOPT_COOKIE,
+                                 c->cookie ? c->cookie : c->cookie_secret);
     }
     if (c->username) {
-        curl_easy_setopt(e, CURLOPT_USERNAME, c->username);
+        bi_curl.curl_easy_setopt(e, CURLOPT_USERNAME, c->username);
     }
     if (c->password) {
-        curl_easy_setopt(e, CURLOPT_PASSWORD, c->password);
+        bi_curl.curl_easy_setopt(e, CURLOPT_PASSWORD, c->password);
     }
     if (c->proxy_username) {
-        curl_easy_setopt(e, CURLOPT_PROXYUSERNAME, c->proxy_username);
+        bi_curl.curl_easy_setopt(e, CURLOPT_PROXYUSERNAME, c->proxy_username);
     }
     if (c->proxy_password) {
-        curl_easy_setopt(e, CURLOPT_PROXYPASSWORD, c->proxy_password);
+        bi_curl.curl_easy_setopt(e, CURLOPT_PROXYPASSWORD, c->proxy_password);
     }
     if (c->timeout) {
-        curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, c->timeout);
-        curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
-        curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, c->timeout);
+        bi_curl.curl_easy_setopt(e, CURLOPT_CONNECTTIMEOUT, c->timeout);
+        bi_curl.curl_easy_setopt(e, CURLOPT_LOW_SPEED_LIMIT, 1L);
+        bi_curl.curl_easy_setopt(e, CURLOPT_LOW_SPEED_TIME, c->timeout);
     }
-    curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
-    curl_easy_setopt(e, CURLOPT_AUTOREFERER, 1L);
-    curl_easy_setopt(e, CURLOPT_FAILONERROR, 1L);
-    curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
-    curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    bi_curl.curl_easy_setopt(e, CURLOPT_NOSIGNAL, 1L);
+    bi_curl.curl_easy_setopt(e, CURLOPT_FOLLOWLOCATION, 1L);
+    bi_curl.curl_easy_setopt(e, CURLOPT_AUTOREFERER, 1L);
+    bi_curl.curl_easy_setopt(e, CURLOPT_FAILONERROR, 1L);
+    bi_curl.curl_easy_setopt(e, CURLOPT_PROTOCOLS_STR, "http,https");
+    bi_curl.curl_easy_setopt(e, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
     return e;
 }
 
@@ -145,7 +145,7 @@ static void easy_put(struct http_state *s, CURL *e)
     if (e && s->n_idle < MAX_XFERS) {
         s->idle[s->n_idle++] = e;
     } else if (e) {
-        curl_easy_cleanup(e);
+        bi_curl.curl_easy_cleanup(e);
     }
     slot_put(s);
 }
@@ -191,7 +191,7 @@ static bool status_ok(struct range_read *r)
 {
     long code = 0;
 
-    curl_easy_getinfo(r->x.easy, CURLINFO_RESPONSE_CODE, &code);
+    bi_curl.curl_easy_getinfo(r->x.easy, CURLINFO_RESPONSE_CODE, &code);
     return (code == 206 && r->range_ok) || (code == 200 && r->whole);
 }
 
@@ -236,7 +236,7 @@ static bool transient(const struct range_read *r)
     case CURLE_ABORTED_BY_CALLBACK: /* a stall (http_xfer) */
         return true;
     case CURLE_HTTP_RETURNED_ERROR:
-        curl_easy_getinfo(r->x.easy, CURLINFO_RESPONSE_CODE, &code);
+        bi_curl.curl_easy_getinfo(r->x.easy, CURLINFO_RESPONSE_CODE, &code);
         return code >= 500;
     default:
         return false;
@@ -254,11 +254,11 @@ static bool range_try(struct http_state *s, struct range_read *r, CURL *e)
     r->x.stall_ms = s->c.timeout * 1000;
     r->got = 0;
     r->range_ok = r->checked = r->refused = false;
-    curl_easy_setopt(e, CURLOPT_RANGE, range);
-    curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, range_header);
-    curl_easy_setopt(e, CURLOPT_HEADERDATA, r);
-    curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, range_body);
-    curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
+    bi_curl.curl_easy_setopt(e, CURLOPT_RANGE, range);
+    bi_curl.curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, range_header);
+    bi_curl.curl_easy_setopt(e, CURLOPT_HEADERDATA, r);
+    bi_curl.curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, range_body);
+    bi_curl.curl_easy_setopt(e, CURLOPT_WRITEDATA, r);
     bi_http_multi_run(&s->hm, &r->x);
     return r->x.result == CURLE_OK && !r->refused && r->got == r->want;
 }
@@ -295,8 +295,8 @@ static int range_read(struct http_state *s, uint64_t off, uint64_t len,
         pause = BI_MIN(2 * pause, RETRY_MAX_MS);
     }
     if (e) {
-        curl_easy_setopt(e, CURLOPT_HEADERDATA, NULL);
-        curl_easy_setopt(e, CURLOPT_WRITEDATA, NULL);
+        bi_curl.curl_easy_setopt(e, CURLOPT_HEADERDATA, NULL);
+        bi_curl.curl_easy_setopt(e, CURLOPT_WRITEDATA, NULL);
     }
     easy_put(s, e);
     return ret;
@@ -366,15 +366,16 @@ static int head_co(void *opaque)
         bi_error_set(err, 0, "libcurl initialization failed");
         return -ENOMEM;
     }
-    curl_easy_setopt(h.x.easy, CURLOPT_NOBODY, 1L);
-    curl_easy_setopt(h.x.easy, CURLOPT_HEADERFUNCTION, head_header);
-    curl_easy_setopt(h.x.easy, CURLOPT_HEADERDATA, &h);
+    bi_curl.curl_easy_setopt(h.x.easy, CURLOPT_NOBODY, 1L);
+    bi_curl.curl_easy_setopt(h.x.easy, CURLOPT_HEADERFUNCTION, head_header);
+    bi_curl.curl_easy_setopt(h.x.easy, CURLOPT_HEADERDATA, &h);
     bi_http_multi_run(&s->hm, &h.x);
     if (h.x.result != CURLE_OK) {
-        open_error(err,
-                   h.x.errbuf[0] ? h.x.errbuf : curl_easy_strerror(h.x.result));
-    } else if (curl_easy_getinfo(h.x.easy, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T,
-                                 &len) != CURLE_OK ||
+        open_error(err, h.x.errbuf[0] ? h.x.errbuf
+                                      : bi_curl.curl_easy_strerror(h.x.result));
+    } else if (bi_curl.curl_easy_getinfo(h.x.easy,
+                                         CURLINFO_CONTENT_LENGTH_DOWNLOAD_T,
+                                         &len) != CURLE_OK ||
                len < 0) {
         open_error(err, "Server didn't report file size.");
     } else if (!h.accept_ranges) {
@@ -383,7 +384,7 @@ static int head_co(void *opaque)
         s->size = (uint64_t)len;
         ret = 0;
     }
-    curl_easy_cleanup(h.x.easy);
+    bi_curl.curl_easy_cleanup(h.x.easy);
     return ret;
 }
 
@@ -393,7 +394,7 @@ static int close_co(void *opaque)
 
     bi_http_multi_close(&s->hm);
     while (s->n_idle) {
-        curl_easy_cleanup(s->idle[--s->n_idle]);
+        bi_curl.curl_easy_cleanup(s->idle[--s->n_idle]);
     }
     return 0;
 }
@@ -418,6 +419,9 @@ static int http_open(bi_node *n, const struct bi_open_opts *o, bi_error *err)
         bi_error_set(err, 0, "curl driver does not support writes");
         return -EACCES;
     }
+    ret = bi_curl_load(err);
+    if (ret < 0)
+        return ret;
     pthread_once(&global_once, global_init);
     if (global_ret != CURLE_OK) {
         bi_error_set(err, 0, "libcurl initialization failed with %d",

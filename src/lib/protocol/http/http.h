@@ -17,9 +17,9 @@
 
 #include "block/block.h"
 #include "io/aio.h"
+#include "protocol/http/curl_lib.h"
 #include "util/util.h"
 
-#include <curl/curl.h>
 #include <stdbool.h>
 #include <stdint.h>
 

@@ -70,15 +70,15 @@ static void check_done(struct http_multi *hm)
     CURLMsg *msg;
     int left;
 
-    while ((msg = curl_multi_info_read(hm->m, &left))) {
+    while ((msg = bi_curl.curl_multi_info_read(hm->m, &left))) {
         struct http_xfer *x = NULL;
         if (msg->msg != CURLMSG_DONE) {
             continue;
         }
         CURL *e = msg->easy_handle;
         CURLcode r = msg->data.result; /* msg dies with the removal */
-        curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)&x);
-        curl_multi_remove_handle(hm->m, e);
+        bi_curl.curl_easy_getinfo(e, CURLINFO_PRIVATE, (char **)&x);
+        bi_curl.curl_multi_remove_handle(hm->m, e);
         x->result = r;
         x->done = true;
         bi_co_wake(x->co);
@@ -90,7 +90,7 @@ static void action(struct http_multi *hm, curl_socket_t fd, int mask)
 {
     int running;
 
-    (void)curl_multi_socket_action(hm->m, fd, mask, &running);
+    (void)bi_curl.curl_multi_socket_action(hm->m, fd, mask, &running);
     check_done(hm);
     reap(hm);
 }
@@ -140,7 +140,7 @@ static int sock_cb(CURL *e, curl_socket_t fd, int what, void *userp,
         if (s) {
             s->dead = true;
             bi_fd_watch_cancel(&s->w);
-            curl_multi_assign(hm->m, fd, NULL);
+            bi_curl.curl_multi_assign(hm->m, fd, NULL);
         }
         return 0;
     }
@@ -151,7 +151,7 @@ static int sock_cb(CURL *e, curl_socket_t fd, int what, void *userp,
         bi_fd_watch_init(&s->w, sock_event);
         s->next = hm->socks;
         hm->socks = s;
-        curl_multi_assign(hm->m, fd, s);
+        bi_curl.curl_multi_assign(hm->m, fd, s);
     }
     s->what = what;
     sock_arm(s);
@@ -223,17 +223,17 @@ int bi_http_multi_init(struct http_multi *hm, bi_error *err)
         bi_error_set(err, e, "Could not create a timer");
         return -e;
     }
-    hm->m = curl_multi_init();
+    hm->m = bi_curl.curl_multi_init();
     if (!hm->m) {
         close(hm->timer_fd);
         hm->timer_fd = -1;
         bi_error_set(err, 0, "libcurl initialization failed");
         return -ENOMEM;
     }
-    curl_multi_setopt(hm->m, CURLMOPT_SOCKETFUNCTION, sock_cb);
-    curl_multi_setopt(hm->m, CURLMOPT_SOCKETDATA, hm);
-    curl_multi_setopt(hm->m, CURLMOPT_TIMERFUNCTION, timer_cb);
-    curl_multi_setopt(hm->m, CURLMOPT_TIMERDATA, hm);
+    bi_curl.curl_multi_setopt(hm->m, CURLMOPT_SOCKETFUNCTION, sock_cb);
+    bi_curl.curl_multi_setopt(hm->m, CURLMOPT_SOCKETDATA, hm);
+    bi_curl.curl_multi_setopt(hm->m, CURLMOPT_TIMERFUNCTION, timer_cb);
+    bi_curl.curl_multi_setopt(hm->m, CURLMOPT_TIMERDATA, hm);
     return 0;
 }
 
@@ -268,14 +268,14 @@ void bi_http_multi_run(struct http_multi *hm, struct http_xfer *x)
     x->done = false;
     x->errbuf[0] = 0;
     assert(x->co);
-    curl_easy_setopt(x->easy, CURLOPT_PRIVATE, (char *)x);
-    curl_easy_setopt(x->easy, CURLOPT_ERRORBUFFER, x->errbuf);
+    bi_curl.curl_easy_setopt(x->easy, CURLOPT_PRIVATE, (char *)x);
+    bi_curl.curl_easy_setopt(x->easy, CURLOPT_ERRORBUFFER, x->errbuf);
     x->moved = 0;
     x->moved_ms = bi_http_now_ms();
-    curl_easy_setopt(x->easy, CURLOPT_XFERINFOFUNCTION, xfer_progress);
-    curl_easy_setopt(x->easy, CURLOPT_XFERINFODATA, x);
-    curl_easy_setopt(x->easy, CURLOPT_NOPROGRESS, 0L);
-    if (curl_multi_add_handle(hm->m, x->easy) != CURLM_OK) {
+    bi_curl.curl_easy_setopt(x->easy, CURLOPT_XFERINFOFUNCTION, xfer_progress);
+    bi_curl.curl_easy_setopt(x->easy, CURLOPT_XFERINFODATA, x);
+    bi_curl.curl_easy_setopt(x->easy, CURLOPT_NOPROGRESS, 0L);
+    if (bi_curl.curl_multi_add_handle(hm->m, x->easy) != CURLM_OK) {
         x->result = CURLE_FAILED_INIT;
         x->done = true;
         return;
@@ -300,15 +300,15 @@ void bi_http_multi_close(struct http_multi *hm)
     }
     /* libcurl may still call back while it closes its connections: the
      * callbacks only cancel from now on */
-    curl_multi_setopt(hm->m, CURLMOPT_SOCKETFUNCTION, NULL);
-    curl_multi_setopt(hm->m, CURLMOPT_TIMERFUNCTION, NULL);
+    bi_curl.curl_multi_setopt(hm->m, CURLMOPT_SOCKETFUNCTION, NULL);
+    bi_curl.curl_multi_setopt(hm->m, CURLMOPT_TIMERFUNCTION, NULL);
     hm->timer_armed = false;
     for (struct http_sock *s = hm->socks; s; s = s->next) {
         s->dead = true;
         bi_fd_watch_stop(&s->w);
     }
     bi_fd_watch_stop(&hm->timer);
-    curl_multi_cleanup(hm->m);
+    bi_curl.curl_multi_cleanup(hm->m);
     hm->m = NULL;
     reap(hm);
     close(hm->timer_fd);

@@ -129,25 +129,25 @@ static void issue(struct nbd_state *s, struct nbd_batch *b,
     nbd_completion_callback cb = {.callback = part_done, .user_data = part};
     switch (op) {
     case OP_READ:
-        cookie = nbd_aio_pread(c->h, buf, len, off, cb, 0);
+        cookie = bi_nbd.nbd_aio_pread(c->h, buf, len, off, cb, 0);
         break;
     case OP_WRITE:
-        cookie = nbd_aio_pwrite(c->h, buf, len, off, cb, flags);
+        cookie = bi_nbd.nbd_aio_pwrite(c->h, buf, len, off, cb, flags);
         break;
     case OP_ZERO:
-        cookie = nbd_aio_zero(c->h, len, off, cb, flags);
+        cookie = bi_nbd.nbd_aio_zero(c->h, len, off, cb, flags);
         break;
     case OP_TRIM:
-        cookie = nbd_aio_trim(c->h, len, off, cb, flags);
+        cookie = bi_nbd.nbd_aio_trim(c->h, len, off, cb, flags);
         break;
     case OP_FLUSH:
-        cookie = nbd_aio_flush(c->h, cb, 0);
+        cookie = bi_nbd.nbd_aio_flush(c->h, cb, 0);
         break;
     }
     if (cookie < 0) {
         /* refused at once: on a dead connection, "transport endpoint
          * shutdown" as QEMU says */
-        int e = nbd_get_errno() ? nbd_get_errno() : EIO;
+        int e = bi_nbd.nbd_get_errno() ? bi_nbd.nbd_get_errno() : EIO;
         if (!b->err) {
             b->err = c->dead || e == ENOTCONN ? ESHUTDOWN : e;
         }
@@ -473,9 +473,10 @@ static int status_query(struct nbd_state *s, uint64_t off, uint64_t len)
         return -ESHUTDOWN;
     }
     nbd_extent_callback ecb = {.callback = status_extents, .user_data = &a};
-    ret = bi_nbd_cmd_wait(c, &cmd,
-                          nbd_aio_block_status(c->h, len, off, ecb,
-                                               bi_nbd_cmd_callback(&cmd), 0));
+    ret =
+        bi_nbd_cmd_wait(c, &cmd,
+                        bi_nbd.nbd_aio_block_status(
+                            c->h, len, off, ecb, bi_nbd_cmd_callback(&cmd), 0));
     if (ret < 0) {
         ret = io_errno(-ret);
     } else if (!a.base.v || a.base.v[0] == 0) {
@@ -543,25 +544,25 @@ static void read_export(struct nbd_state *s, struct nbd_handle *h)
 {
     int64_t v;
 
-    s->size = (uint64_t)BI_MAX(nbd_get_size(h), 0);
-    s->can_flush = nbd_can_flush(h) > 0;
-    s->can_fua = nbd_can_fua(h) > 0;
-    s->can_trim = nbd_can_trim(h) > 0;
-    s->can_zero = nbd_can_zero(h) > 0;
-    s->can_fast_zero = nbd_can_fast_zero(h) > 0;
+    s->size = (uint64_t)BI_MAX(bi_nbd.nbd_get_size(h), 0);
+    s->can_flush = bi_nbd.nbd_can_flush(h) > 0;
+    s->can_fua = bi_nbd.nbd_can_fua(h) > 0;
+    s->can_trim = bi_nbd.nbd_can_trim(h) > 0;
+    s->can_zero = bi_nbd.nbd_can_zero(h) > 0;
+    s->can_fast_zero = bi_nbd.nbd_can_fast_zero(h) > 0;
     s->status_ctx = s->t.bitmap ? s->t.bitmap : LIBNBD_CONTEXT_BASE_ALLOCATION;
-    s->has_status = nbd_can_meta_context(h, s->status_ctx) > 0;
-    s->has_depth =
-        !s->t.bitmap && nbd_can_meta_context(h, "qemu:allocation-depth") > 0;
+    s->has_status = bi_nbd.nbd_can_meta_context(h, s->status_ctx) > 0;
+    s->has_depth = !s->t.bitmap &&
+                   bi_nbd.nbd_can_meta_context(h, "qemu:allocation-depth") > 0;
     /* QEMU's hack: x-dirty-bitmap=qemu:allocation-depth reads depths as
      * base:allocation bits, 3 and more as 2 */
     s->depth_as_bits =
         s->t.bitmap && !strcmp(s->t.bitmap, "qemu:allocation-depth");
-    v = nbd_get_block_size(h, LIBNBD_SIZE_MINIMUM);
+    v = bi_nbd.nbd_get_block_size(h, LIBNBD_SIZE_MINIMUM);
     s->min_block = v > 0 ? (uint32_t)v : 0;
-    v = nbd_get_block_size(h, LIBNBD_SIZE_PREFERRED);
+    v = bi_nbd.nbd_get_block_size(h, LIBNBD_SIZE_PREFERRED);
     s->pref_block = v > 0 ? (uint32_t)v : 0;
-    v = nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
+    v = bi_nbd.nbd_get_block_size(h, LIBNBD_SIZE_MAXIMUM);
     s->max_block = v > 0 ? (uint32_t)v : 0;
 }
 
@@ -597,11 +598,11 @@ static int open_co(void *opaque)
         bi_error_set(a->err, EINVAL, "Could not open image");
         return -EINVAL;
     }
-    if (a->read_write && nbd_is_read_only(h) > 0) {
+    if (a->read_write && bi_nbd.nbd_is_read_only(h) > 0) {
         bi_error_set(a->err, EACCES, "Could not open image");
         return -EACCES;
     }
-    if (nbd_can_multi_conn(h) > 0) {
+    if (bi_nbd.nbd_can_multi_conn(h) > 0) {
         for (int i = 1; i < s->t.multi_conn && i < MAX_CONNS; i++) {
             if (bi_nbd_conn_start(&s->conns[i], &s->t, false, a->err) < 0) {
                 break;
@@ -654,9 +655,9 @@ static int close_co(void *opaque)
     for (int i = 0; i < s->n_conns; i++) {
         struct nbd_conn *c = &s->conns[i];
         if (c->ready && !c->dead && c->in_flight == 0) {
-            (void)nbd_aio_disconnect(c->h, 0);
-        } else if (c->h && nbd_aio_is_negotiating(c->h)) {
-            (void)nbd_aio_opt_abort(c->h); /* the export was refused */
+            (void)bi_nbd.nbd_aio_disconnect(c->h, 0);
+        } else if (c->h && bi_nbd.nbd_aio_is_negotiating(c->h)) {
+            (void)bi_nbd.nbd_aio_opt_abort(c->h); /* the export was refused */
         }
         bi_nbd_conn_close(c);
     }

@@ -19,9 +19,9 @@
 
 #include "block/block.h"
 #include "io/aio.h"
+#include "protocol/nbd/nbd_lib.h"
 #include "util/util.h"
 
-#include <libnbd.h>
 #include <stdbool.h>
 #include <stdint.h>
 

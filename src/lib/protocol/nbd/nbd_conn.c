@@ -23,10 +23,10 @@
 /* Keeps libnbd's last error (the one of the call that just failed). */
 static void conn_failed(struct nbd_conn *c)
 {
-    const char *msg = nbd_get_error();
+    const char *msg = bi_nbd.nbd_get_error();
 
     if (c->err == 0) {
-        c->err = nbd_get_errno() ? nbd_get_errno() : EIO;
+        c->err = bi_nbd.nbd_get_errno() ? bi_nbd.nbd_get_errno() : EIO;
         free(c->errmsg);
         c->errmsg = bi_xstrdup(msg ? msg : "connection failed");
     }
@@ -41,13 +41,13 @@ static void conn_event(struct bi_fd_watch *w, unsigned revents)
     if (!c->h || c->dead) {
         return;
     }
-    dir = nbd_aio_get_direction(c->h);
+    dir = bi_nbd.nbd_aio_get_direction(c->h);
     if ((revents & (POLLIN | POLLHUP | POLLERR)) &&
         (dir & LIBNBD_AIO_DIRECTION_READ)) {
-        r = nbd_aio_notify_read(c->h);
+        r = bi_nbd.nbd_aio_notify_read(c->h);
     } else if ((revents & (POLLOUT | POLLHUP | POLLERR)) &&
                (dir & LIBNBD_AIO_DIRECTION_WRITE)) {
-        r = nbd_aio_notify_write(c->h);
+        r = bi_nbd.nbd_aio_notify_write(c->h);
     }
     if (r < 0) {
         conn_failed(c);
@@ -60,7 +60,7 @@ void bi_nbd_conn_update(struct nbd_conn *c)
     if (!c->h) {
         return;
     }
-    if (nbd_aio_is_dead(c->h) || nbd_aio_is_closed(c->h)) {
+    if (bi_nbd.nbd_aio_is_dead(c->h) || bi_nbd.nbd_aio_is_closed(c->h)) {
         /* libnbd has failed every command in flight (their callbacks ran)
          * and closed the socket: nothing more to watch */
         if (!c->dead) {
@@ -70,13 +70,14 @@ void bi_nbd_conn_update(struct nbd_conn *c)
         c->ready = false;
         bi_fd_watch_cancel(&c->watch);
     } else {
-        if (!c->ready && c->auto_go && nbd_aio_is_ready(c->h)) {
+        if (!c->ready && c->auto_go && bi_nbd.nbd_aio_is_ready(c->h)) {
             c->ready = true; /* an extra connection joins */
         }
-        int fd = nbd_aio_get_fd(c->h);
-        unsigned dir = nbd_aio_get_direction(c->h);
+        int fd = bi_nbd.nbd_aio_get_fd(c->h);
+        unsigned dir = bi_nbd.nbd_aio_get_direction(c->h);
         /* a ready connection with nothing in flight waits for nothing */
-        bool busy = !nbd_aio_is_ready(c->h) || nbd_aio_in_flight(c->h) > 0;
+        bool busy = !bi_nbd.nbd_aio_is_ready(c->h) ||
+                    bi_nbd.nbd_aio_in_flight(c->h) > 0;
         if (fd >= 0) {
             bi_fd_watch_arm(&c->watch, fd,
                             busy && (dir & LIBNBD_AIO_DIRECTION_READ),
@@ -92,61 +93,65 @@ void bi_nbd_conn_update(struct nbd_conn *c)
 static int conn_tls(struct nbd_handle *h, const struct nbd_target *t)
 {
     if (!t->tls) {
-        return nbd_set_tls(h, LIBNBD_TLS_DISABLE);
+        return bi_nbd.nbd_set_tls(h, LIBNBD_TLS_DISABLE);
     }
-    if (nbd_set_tls(h, LIBNBD_TLS_REQUIRE) < 0) {
+    if (bi_nbd.nbd_set_tls(h, LIBNBD_TLS_REQUIRE) < 0) {
         return -1;
     }
     if (t->psk_file) {
-        if (nbd_set_tls_psk_file(h, t->psk_file) < 0 ||
-            nbd_set_tls_username(h, t->username) < 0) {
+        if (bi_nbd.nbd_set_tls_psk_file(h, t->psk_file) < 0 ||
+            bi_nbd.nbd_set_tls_username(h, t->username) < 0) {
             return -1;
         }
         return 0;
     }
-    if (t->certificates && nbd_set_tls_certificates(h, t->certificates) < 0) {
+    if (t->certificates &&
+        bi_nbd.nbd_set_tls_certificates(h, t->certificates) < 0) {
         return -1;
     }
-    return nbd_set_tls_verify_peer(h, t->verify_peer);
+    return bi_nbd.nbd_set_tls_verify_peer(h, t->verify_peer);
 }
 
 int bi_nbd_conn_start(struct nbd_conn *c, const struct nbd_target *t,
                       bool first, bi_error *err)
 {
-    struct nbd_handle *h = nbd_create();
     int r;
 
     memset(c, 0, sizeof(*c));
     bi_fd_watch_init(&c->watch, conn_event);
+    r = bi_nbd_load(err);
+    if (r < 0)
+        return r;
+    struct nbd_handle *h = bi_nbd.nbd_create();
     if (!h) {
-        bi_error_set(err, 0, "%s", nbd_get_error());
+        bi_error_set(err, 0, "%s", bi_nbd.nbd_get_error());
         return -ENOMEM;
     }
     c->h = h;
     c->auto_go = !first;
     /* the first connection stops before NBD_OPT_GO so that a refused
      * export is told apart from a failed connection */
-    r = nbd_set_opt_mode(h, first);
+    r = bi_nbd.nbd_set_opt_mode(h, first);
     if (r == 0) {
-        r = nbd_set_export_name(h, t->export);
+        r = bi_nbd.nbd_set_export_name(h, t->export);
     }
     if (r == 0) {
-        r = nbd_set_pread_initialize(h, false);
+        r = bi_nbd.nbd_set_pread_initialize(h, false);
     }
     if (r == 0 && t->bitmap) {
-        r = nbd_add_meta_context(h, t->bitmap);
+        r = bi_nbd.nbd_add_meta_context(h, t->bitmap);
     } else if (r == 0) {
-        r = nbd_add_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION);
+        r = bi_nbd.nbd_add_meta_context(h, LIBNBD_CONTEXT_BASE_ALLOCATION);
         if (r == 0) {
-            r = nbd_add_meta_context(h, "qemu:allocation-depth");
+            r = bi_nbd.nbd_add_meta_context(h, "qemu:allocation-depth");
         }
     }
     if (r == 0) {
         r = conn_tls(h, t);
     }
     if (r == 0) {
-        r = t->is_unix ? nbd_aio_connect_unix(h, t->path)
-                       : nbd_aio_connect_tcp(h, t->host, t->port);
+        r = t->is_unix ? bi_nbd.nbd_aio_connect_unix(h, t->path)
+                       : bi_nbd.nbd_aio_connect_tcp(h, t->host, t->port);
     }
     if (r < 0) {
         conn_failed(c);
@@ -220,16 +225,16 @@ int bi_nbd_conn_finish(struct nbd_conn *c, const struct nbd_target *t,
     struct nbd_cmd go;
 
     c->waiter = bi_co_self();
-    while (!c->dead && nbd_aio_is_connecting(c->h)) {
+    while (!c->dead && bi_nbd.nbd_aio_is_connecting(c->h)) {
         bi_co_yield();
     }
     c->waiter = NULL;
-    if (c->dead || !nbd_aio_is_negotiating(c->h)) {
+    if (c->dead || !bi_nbd.nbd_aio_is_negotiating(c->h)) {
         connect_error(c, t, err);
         return -(c->err ? c->err : EIO);
     }
     nbd_completion_callback cb = bi_nbd_cmd_callback(&go);
-    if (nbd_aio_opt_go(c->h, cb) < 0) {
+    if (bi_nbd.nbd_aio_opt_go(c->h, cb) < 0) {
         conn_failed(c);
         go_error(c->err, c, t, err);
         return -EIO;
@@ -240,7 +245,7 @@ int bi_nbd_conn_finish(struct nbd_conn *c, const struct nbd_target *t,
         bi_co_yield();
     }
     c->waiter = NULL;
-    if (!go.done || go.err || !nbd_aio_is_ready(c->h)) {
+    if (!go.done || go.err || !bi_nbd.nbd_aio_is_ready(c->h)) {
         go_error(go.done ? go.err : c->err, c, t, err);
         return -EIO;
     }
@@ -252,7 +257,7 @@ int bi_nbd_conn_finish(struct nbd_conn *c, const struct nbd_target *t,
 int bi_nbd_cmd_wait(struct nbd_conn *c, struct nbd_cmd *cmd, int64_t cookie)
 {
     if (cookie < 0) {
-        int e = nbd_get_errno();
+        int e = bi_nbd.nbd_get_errno();
         bi_nbd_conn_update(c);
         return -(e ? e : EIO);
     }
@@ -269,7 +274,7 @@ void bi_nbd_conn_close(struct nbd_conn *c)
 {
     bi_fd_watch_stop(&c->watch);
     if (c->h) {
-        nbd_close(c->h);
+        bi_nbd.nbd_close(c->h);
         c->h = NULL;
     }
     free(c->errmsg);
