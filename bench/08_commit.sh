@@ -98,15 +98,7 @@ both() {
     if [ "$OK" = ok ] && [ "${BTOP:-x}" != "${QTOP:-y}" ]; then
         OK="emptied top ${BTOP:-?} bytes, qemu-img ${QTOP:-?}"
     fi
-    BW=- BC=- BM=- QW=- QC=- QM=-
-    if [ ${#bw[@]} -gt 0 ]; then
-        BW=$(median "${bw[@]}") BC=$(median "${bc[@]}")
-        BM=$(peak_mib "${bm[@]}")
-    fi
-    if [ ${#qw[@]} -gt 0 ]; then
-        QW=$(median "${qw[@]}") QC=$(median "${qc[@]}")
-        QM=$(peak_mib "${qm[@]}")
-    fi
+    pair_summary
 }
 
 CASES=(

@@ -239,6 +239,13 @@ convert_pair() {
         done
     done
     rm -f "$dst"
+    pair_summary
+}
+
+# pair_summary: from the caller's arrays bw bc bm (blkimg's wall s, CPU s,
+# max RSS KiB per run) and qw qc qm (qemu-img's), sets BW BC BM QW QC QM
+# (medians, peak RSS in MiB; "-" where a tool has no run).
+pair_summary() {
     BW=- BC=- BM=- QW=- QC=- QM=-
     if [ ${#bw[@]} -gt 0 ]; then
         BW=$(median "${bw[@]}") BC=$(median "${bc[@]}")
