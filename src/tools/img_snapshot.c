@@ -102,7 +102,8 @@ int img_snapshot(int argc, char **argv)
     ti.filename = argv[optind];
     /* no action: qemu-img opens the image and does nothing */
     ti.read_write = action != SN_LIST && action != 0;
-    ti.no_backing = true;
+    /* qemu-img 7.2 opens the backing chain too: a missing backing file
+     * fails the command, and backing.* options are taken */
     ti.quiet_probe = quiet;
 
     bi_node *n = tool_open(&ti);

@@ -214,6 +214,39 @@ def test_backing_chain(run, qemu_img, blkimg, blkimg_io, images, tmp_path):
     assert sha(base) == sha(images / "base.qcow2")
 
 
+@pytest.mark.parametrize("cmd", [
+    ["info"], ["map", "--output=json"], ["check"], ["snapshot", "-l"],
+    ["compare"],
+    ["rebase", "-u", "-b", "base.qcow2", "-F", "qcow2"],
+    ["convert", "-O", "raw"]])
+@pytest.mark.parametrize("img", ["top", "default"])
+def test_backing_secret_where_qemu_takes_it(run, qemu_img, blkimg, images,
+                                            tmp_path, cmd, img):
+    """backing.encrypt.key-secret is taken where qemu-img opens the backing
+    file (convert, map, check, snapshot, compare), refused as a left-over
+    option where it does not (info, rebase -u), and refused for an image
+    with no backing file: same exit code and words as qemu-img."""
+    copy(images, tmp_path, "base")
+    src = copy(images, tmp_path, img)
+    o = opts(src, "s1" if img == "top" else "s0",
+             "backing.encrypt.key-secret=s0")
+    tail = {"compare": [o], "convert": [tmp_path / "out.raw"]}.get(cmd[0],
+                                                                    [])
+    res = []
+    for tool in (qemu_img, blkimg):
+        res.append(run([tool] + cmd + OBJS + ["--image-opts", o] + tail,
+                       cwd=tmp_path))
+    q, b = res
+    assert (b.returncode, b.stderr.replace("blkimg:", "qemu-img:")) == \
+        (q.returncode, q.stderr), cmd
+    if img == "default" or cmd[0] in ("info", "rebase"):
+        # compare's exit code for an error is 2
+        assert b.returncode == (2 if cmd[0] == "compare" else 1)
+        assert len(b.stderr.splitlines()) == 1
+    else:
+        assert b.returncode == 0
+
+
 @pytest.mark.parametrize("how", ["missing", "wrong", "wrong-format"])
 @pytest.mark.parametrize("tool", ["img", "io"])
 def test_secret_refused(run, qemu_img, qemu_io, blkimg, blkimg_io, images,

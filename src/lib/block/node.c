@@ -345,9 +345,39 @@ static const char **backing_opts(const char *const *opts)
     return v;
 }
 
+/* backing.* options with no backing file to take them, refused as QEMU
+ * refuses them: left over where the backing file is not opened (info,
+ * rebase -u), or naming no file where the image has none. 0 or -EINVAL. */
+static int check_unused_backing_opts(const bi_node *n,
+                                     const struct bi_open_opts *o,
+                                     bi_error *err)
+{
+    bool has_file = n->backing_filename && n->backing_filename[0];
+    const char **bopts = backing_opts(o->driver_opts);
+    int ret = 0;
+    if (bopts && o->no_backing) {
+        size_t kl = strcspn(bopts[0], "=");
+        bi_error_set(err, 0,
+                     "Block format '%s' does not support the option "
+                     "'backing.%.*s'",
+                     n->drv->name, (int)kl, bopts[0]);
+        ret = -EINVAL;
+    } else if (bopts && !has_file) {
+        bi_error_set(err, 0,
+                     "Could not open backing file: Must specify "
+                     "either driver or file");
+        ret = -EINVAL;
+    }
+    free(bopts);
+    return ret;
+}
+
 static int open_backing(bi_node *n, const struct bi_open_opts *o, int depth,
                         char **chain, bi_error *err)
 {
+    int ret = check_unused_backing_opts(n, o, err);
+    if (ret < 0)
+        return ret;
     if (!n->backing_filename || !n->backing_filename[0] || o->no_backing)
         return 0;
     if (!plain_file_name(n->backing_filename)) {
