@@ -67,10 +67,11 @@ if [ ! -f "$EMPTY_Q" ]; then
 fi
 sync
 alloc=$(($(stat -c %b "$RAW") * 512 >> 20))
-read -r _ dec_speed < <("$XTS_SPEED" 256 | grep '^decrypt')
-read -r _ enc_speed < <("$XTS_SPEED" 256 | grep '^encrypt')
+speeds=$("$XTS_SPEED" 256)
+dec_speed=$(awk '$1 == "decrypt" {print $2}' <<<"$speeds")
+enc_speed=$(awk '$1 == "encrypt" {print $2}' <<<"$speeds")
 note "source: $SRC, $src_mib MiB virtual, $alloc MiB of it encrypted data; $((BENCH_REPS * 2 - 1)) interleaved run(s) each (median; default cache: $((BENCH_REPS * 3))), caches dropped before each run"
-note "libgcrypt AES-256-XTS here (512-byte sectors, one thread): decrypt $dec_speed MiB/s, encrypt $enc_speed MiB/s of CPU"
+note "libgcrypt AES-256-XTS here (512-byte sectors, one thread, best of 3): decrypt $dec_speed MiB/s, encrypt $enc_speed MiB/s of CPU"
 
 # verify_from_luks: the plain copy of SRC, compared by qemu-img.
 verify_from_luks() {

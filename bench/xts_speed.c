@@ -4,7 +4,8 @@
  * yardstick of bench 13 (issue 13: blkimg's CPU per byte within 1.2x of
  * it). It decrypts and encrypts a buffer the way a LUKS1 payload is laid
  * out: 512-byte sectors, each with its plain64 IV (the sector number,
- * little-endian), one cipher call per sector, on one thread. Prints
+ * little-endian), one cipher call per sector, on one thread; the best of
+ * three runs each way. Prints
  *
  *   decrypt MIB_PER_CPU_SECOND
  *   encrypt MIB_PER_CPU_SECOND
@@ -74,8 +75,16 @@ int main(int argc, char **argv)
         return 1;
     }
     memset(buf, 0x5a, CHUNK);
-    printf("decrypt %.1f\n", run(hd, buf, mib, 0));
-    printf("encrypt %.1f\n", run(hd, buf, mib, 1));
+    /* the best of three: the cipher's speed, not the shared machine's */
+    double best[2] = {0, 0};
+    for (int i = 0; i < 3; i++) {
+        for (int enc = 0; enc < 2; enc++) {
+            double v = run(hd, buf, mib, enc);
+            best[enc] = v > best[enc] ? v : best[enc];
+        }
+    }
+    printf("decrypt %.1f\n", best[0]);
+    printf("encrypt %.1f\n", best[1]);
     gcry_cipher_close(hd);
     free(buf);
     return 0;
