@@ -186,11 +186,12 @@ timed() {
 # timed_retry OUTVAR DST CMD...: timed, DST removed and caches dropped
 # first; a run that fails for qemu-img 7.2's PBKDF2 timing ("Unable to
 # get accurate CPU usage", its sanity check on a loaded machine) is tried
-# again, up to three times.
+# again, up to five times, after a pause that grows.
 timed_retry() {
     local __out=$1 dst=$2 try
     shift 2
-    for try in 1 2 3; do
+    for try in 1 2 3 4 5; do
+        [ "$try" -gt 1 ] && sleep "0.$((try * 2))"
         rm -f "$dst"
         drop_caches
         timed "$__out" "$@" 2>/dev/null
