@@ -247,10 +247,12 @@ static int proto_rw(bi_node *n, bool write, uint64_t off, uint64_t len,
 
 /* ---- encrypted extents (bi_extent.crypt) ----
  * The bytes on the host are ciphertext in sectors of the cipher's sector
- * size; a request is widened to whole sectors, which go through a bounce
- * buffer of the host's memory alignment (the host node then pads them to
- * its own request alignment as any request). The caller's buffer is never
- * encrypted in place. */
+ * size. A request of whole sectors in buffers of whole sectors is read
+ * into the caller's buffers and decrypted there, or encrypted from them
+ * into a bounce buffer; any other is widened to whole sectors, which go
+ * through a bounce buffer of the host's memory alignment. Either way the
+ * host node then pads to its own request alignment as for any request,
+ * and the caller's buffer is never encrypted in place. */
 
 /* Reads len guest bytes of ext into the caller's own buffers and decrypts
  * them there, when the range is whole cipher sectors and each of its
