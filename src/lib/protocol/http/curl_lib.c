@@ -5,8 +5,8 @@
 #include "protocol/http/curl_lib.h"
 
 /* Debian's libcurl built with GnuTLS (package libcurl3-gnutls), the one
- * libcurl4-gnutls-dev builds against, then the OpenSSL build: the same
- * ABI. */
+ * libcurl4-gnutls-dev builds against: its ABI has been stable since
+ * libcurl 7.16. */
 #define LIBCURL_GNUTLS_SONAME "libcurl-gnutls.so.4"
 
 struct bi_curl_lib bi_curl;
