@@ -601,32 +601,50 @@ static int compress_grains(struct comp_grain *g, size_t n)
     return bi_run_in_threads(compress_fn, args, nj);
 }
 
-/* Appends compressed grain g at the end of its extent's file, then its
- * table entry. Under s->lock. */
-static int write_compressed_grain(struct vmdk_extent *e,
-                                  const struct comp_grain *g)
+/* Appends the compressed grains g[0..n) of extent e at the end of its
+ * file, back to back on sector boundaries, as ONE write (each grain's
+ * buffer is padded with zeroes to its sector), then their table entries,
+ * then one flush: every grain's entries are on disk before the request
+ * completes, as QEMU's are. Under s->lock. */
+static int append_grains(struct vmdk_extent *e, const struct comp_grain *g,
+                         size_t n)
 {
-    uint64_t host = e->next_grain;
+    uint64_t host0 = e->next_grain, host = host0, need = e->file_size;
+    struct iovec stack[32];
+    struct iovec *iov = n <= 32 ? stack : bi_xmalloc(n * sizeof(*iov));
+    for (size_t i = 0; i < n; i++) {
+        /* QEMU zero-fills each whole grain first: the file reaches its
+         * end */
+        need = BI_MAX(need, host + e->grain);
+        iov[i] = (struct iovec){g[i].out, bi_align_up(g[i].used, VMDK_SECTOR)};
+        host += iov[i].iov_len;
+    }
     int ret = 0;
-    if (host + e->grain > e->file_size) {
-        /* QEMU zero-fills the whole grain first: the file reaches its end */
+    if (need > e->file_size) {
         bi_error err;
         bi_error_init(&err);
-        ret = e->file->drv->co_truncate(e->file, host + e->grain, false,
-                                        BI_PREALLOC_OFF, &err);
+        ret = e->file->drv->co_truncate(e->file, need, false, BI_PREALLOC_OFF,
+                                        &err);
         if (ret == 0)
-            e->file_size = host + e->grain;
+            e->file_size = need;
     }
     if (ret == 0)
-        ret = bi_co_pwrite(e->file, host, g->out, g->used, 0);
+        ret = bi_co_pwritev(e->file, host0, host - host0, iov, (int)n, 0);
+    if (iov != stack)
+        free(iov);
     if (ret < 0)
         return ret;
     /* an incompressible grain ends past host + grain: end_stream must
      * not cut it */
-    e->file_size = BI_MAX(e->file_size, host + g->used);
-    e->next_grain = bi_align_up(host + g->used, VMDK_SECTOR);
-    return commit_grains(e, (g->off - e->start) / e->grain, 1,
-                         (uint32_t)(host / VMDK_SECTOR), 0);
+    e->file_size = BI_MAX(e->file_size, host);
+    e->next_grain = host;
+    host = host0;
+    for (size_t i = 0; i < n && ret == 0; i++) {
+        ret = set_gtes(e, (g[i].off - e->start) / e->grain, 1,
+                       (uint32_t)(host / VMDK_SECTOR), 0);
+        host += bi_align_up(g[i].used, VMDK_SECTOR);
+    }
+    return ret ? ret : bi_co_flush(e->file);
 }
 
 /* The end of a compressed stream: each compressed extent's file ends on
@@ -734,32 +752,45 @@ static struct comp_grain *cut_grains(vmdk_state *s, uint64_t off,
     return g;
 }
 
-/* Writes the compressed grains g[0..n) in order, as QEMU checks them:
- * each a whole grain (or the image's tail) not written before. Under
- * s->lock. */
+/* Checks that compressed grain g can be written as QEMU checks it: a
+ * whole grain (or the image's tail) not written before. Its extent in
+ * *e; 0 or a negative errno. Under s->lock. */
+static int check_grain(vmdk_state *s, const struct comp_grain *g,
+                       struct vmdk_extent **e)
+{
+    struct run r;
+    int ret = map_run(s, g->off, g->len, &r);
+    if (ret < 0)
+        return ret;
+    *e = r.e;
+    uint64_t rel = g->off - r.e->start;
+    if (r.kind == RUN_COMPRESSED || r.kind == RUN_DATA)
+        return -EIO; /* QEMU: no rewriting of an allocated grain */
+    if (!r.e->compressed || !r.e->has_marker || rel % r.e->grain ||
+        (g->len < r.e->grain && g->off + g->len != r.e->start + r.e->len))
+        return -EINVAL;
+    if (!r.e->gd[rel / r.e->grain / r.e->gt_entries])
+        return -EIO;
+    return g->ret;
+}
+
+/* Writes the compressed grains g[0..n) in order, each run of them in one
+ * extent as one append: all are checked first, so a refused grain writes
+ * nothing. Under s->lock. */
 static int write_grains(vmdk_state *s, const struct comp_grain *g, size_t n)
 {
+    struct vmdk_extent *stack[32];
+    struct vmdk_extent **e = n <= 32 ? stack : bi_xmalloc(n * sizeof(*e));
     int ret = 0;
-    for (size_t i = 0; i < n && ret == 0; i++) {
-        struct run r;
-        ret = map_run(s, g[i].off, g[i].len, &r);
-        if (ret < 0)
-            break;
-        struct vmdk_extent *e = r.e;
-        uint64_t rel = g[i].off - e->start;
-        if (r.kind == RUN_COMPRESSED || r.kind == RUN_DATA)
-            ret = -EIO; /* QEMU: no rewriting of an allocated grain */
-        else if (!e->compressed || !e->has_marker || rel % e->grain ||
-                 (g[i].len < e->grain &&
-                  g[i].off + g[i].len != e->start + e->len))
-            ret = -EINVAL;
-        else if (!e->gd[rel / e->grain / e->gt_entries])
-            ret = -EIO;
-        else if (g[i].ret < 0)
-            ret = g[i].ret;
-        else
-            ret = write_compressed_grain(e, &g[i]);
+    for (size_t i = 0; i < n && ret == 0; i++)
+        ret = check_grain(s, &g[i], &e[i]);
+    for (size_t i = 0, k; i < n && ret == 0; i += k) {
+        for (k = 1; i + k < n && e[i + k] == e[i]; k++) {
+        }
+        ret = append_grains(e[i], &g[i], k);
     }
+    if (e != stack)
+        free(e);
     return ret;
 }
 
