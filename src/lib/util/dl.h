@@ -5,9 +5,10 @@
  * blkimg, blkimg-io and the nbdkit plugin start-up time and memory when
  * it is linked, whether the run uses the protocol or not; QEMU keeps its
  * curl, nbd-client and rbd drivers in modules loaded on demand for the
- * same reason. A driver names the functions it calls in a table of
- * pointers (BI_DL_POINTER), loads it with bi_dl_load when it first
- * needs it, and calls through the table.
+ * same reason. A driver lists the functions it calls (an X-macro),
+ * declares a table of pointers to them (BI_DL_POINTER), defines the table
+ * and its loader in one line (BI_DL_DEFINE), calls the loader when it
+ * first needs the library, and calls through the table.
  */
 #ifndef BI_UTIL_DL_H
 #define BI_UTIL_DL_H
@@ -65,5 +66,25 @@ void *bi_dl_sym(struct bi_dl *dl, const char *name);
         }                                                                      \
         memcpy(&(table).name, &p_, sizeof(p_));                                \
     } while (0)
+
+/* Defines a driver's library in one line: the table TABLE (of type TYPE,
+ * its members BI_DL_POINTER's for each of FUNCTIONS), its resolve
+ * function and LOADFN(bi_error *err), which loads WHAT from the sonames
+ * (as bi_dl_load). */
+#define BI_DL_ENTRY_(name) BI_DL_RESOLVE(dl_, *tbl_, name);
+#define BI_DL_DEFINE(TYPE, TABLE, FUNCTIONS, LOADFN, WHAT, ...)                \
+    TYPE TABLE;                                                                \
+    static int LOADFN##_resolve(struct bi_dl *dl_)                             \
+    {                                                                          \
+        TYPE *tbl_ = &TABLE;                                                   \
+        FUNCTIONS(BI_DL_ENTRY_)                                                \
+        return 0;                                                              \
+    }                                                                          \
+    static struct bi_dl LOADFN##_dl =                                          \
+        BI_DL_INIT(WHAT, LOADFN##_resolve, __VA_ARGS__);                       \
+    int LOADFN(bi_error *err)                                                  \
+    {                                                                          \
+        return bi_dl_load(&LOADFN##_dl, err);                                  \
+    }
 
 #endif

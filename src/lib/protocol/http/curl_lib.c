@@ -9,19 +9,5 @@
  * libcurl 7.16. */
 #define LIBCURL_GNUTLS_SONAME "libcurl-gnutls.so.4"
 
-struct bi_curl_lib bi_curl;
-
-static int resolve(struct bi_dl *dl)
-{
-#define BI_CURL_RESOLVE(name) BI_DL_RESOLVE(dl, bi_curl, name);
-    BI_CURL_FUNCTIONS(BI_CURL_RESOLVE)
-#undef BI_CURL_RESOLVE
-    return 0;
-}
-
-static struct bi_dl lib = BI_DL_INIT("libcurl", resolve, LIBCURL_GNUTLS_SONAME);
-
-int bi_curl_load(bi_error *err)
-{
-    return bi_dl_load(&lib, err);
-}
+BI_DL_DEFINE(struct bi_curl_lib, bi_curl, BI_CURL_FUNCTIONS, bi_curl_load,
+             "libcurl", LIBCURL_GNUTLS_SONAME)
