@@ -435,6 +435,9 @@ out:
     return ret;
 }
 
+/* QCRYPTO_BLOCK_LUKS_ERASE_ITERATIONS */
+#define LUKS_ERASE_PASSES 40
+
 int luks_erase_key(struct luks_header *h, int slot, bi_node *file,
                    uint64_t base, bi_error *err)
 {
@@ -447,11 +450,14 @@ int luks_erase_key(struct luks_header *h, int slot, bi_node *file,
     uint8_t *garbage = bi_alloc_aligned(4096, len);
     if (!garbage)
         return ret < 0 ? ret : -ENOMEM;
-    /* QEMU overwrites the material with random bytes 40 times; once is
-     * what matters on a file (no magnetic remanence to defeat) */
-    bi_random_bytes(garbage, len);
-    int r2 = bi_pwrite(file, base + (uint64_t)s->key_offset * LUKS_SECTOR,
+    /* the material overwritten with fresh random bytes
+     * LUKS_ERASE_PASSES times, as QEMU does, even if the header failed */
+    int r2 = 0;
+    for (int pass = 0; pass < LUKS_ERASE_PASSES && r2 == 0; pass++) {
+        bi_random_bytes(garbage, len);
+        r2 = bi_pwrite(file, base + (uint64_t)s->key_offset * LUKS_SECTOR,
                        garbage, len, 0);
+    }
     bi_free_aligned(garbage);
     if (r2 < 0 && ret == 0)
         ret = bi_error_setc(err, r2, "Cannot erase key slot %d: %s", slot,
