@@ -9,7 +9,9 @@ that died without leaving is pruned, so a crashed run never blocks the
 next one (a cluster nobody alive uses is stopped and started afresh).
 Daemons are stopped by the PIDs of their pid files, SIGTERM then SIGKILL.
 
-    python3 tests/interop/ceph_cluster.py start|stop   (by hand)
+    python3 tests/interop/ceph_cluster.py start|release|stop   (by hand;
+    start and release join and leave as the calling shell, stop ends it
+    whoever uses it)
 """
 import fcntl
 import os
@@ -177,11 +179,13 @@ def acquire():
     return CONF
 
 
-def release():
-    """Leaves the cluster; the last user stops it."""
+def release(pid=None):
+    """Leaves the cluster (as pid, default this process); the last user
+    stops it."""
+    pid = pid or os.getpid()
     with open(LOCK, "w") as lk:
         fcntl.flock(lk, fcntl.LOCK_EX)
-        users = [u for u in _users() if _alive(u) and u != os.getpid()]
+        users = [u for u in _users() if _alive(u) and u != pid]
         if users:
             _set_users(users)
         else:
@@ -195,10 +199,13 @@ if __name__ == "__main__":
         acquire()
         _set_users(_users()[:-1] + [os.getppid()])
         print(CONF)
+    elif sys.argv[1:] == ["release"]:
+        # the shell that asked leaves; the last user stops the cluster
+        release(os.getppid())
     elif sys.argv[1:] == ["stop"]:
         with open(LOCK, "w") as lk:
             fcntl.flock(lk, fcntl.LOCK_EX)
             _stop_daemons()
             shutil.rmtree(ROOT, ignore_errors=True)
     else:
-        sys.exit("usage: ceph_cluster.py start|stop")
+        sys.exit("usage: ceph_cluster.py start|release|stop")
