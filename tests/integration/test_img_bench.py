@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from conftest import qemu_pbkdf2_retry
 from test_img_helpers import (assert_same, both, mask_timing, qemu, qemu_io,
                               run)
 
@@ -172,8 +173,10 @@ def test_bench_object_opens_an_encrypted_image(qemu_img, blkimg, tmp_path):
     the plaintext qemu-io wrote, and a wrong key is refused as info
     refuses it."""
     sec = "secret,id=s0,data=pw"
-    qemu(qemu_img, "create", "-q", "-f", "luks", "--object", sec, "-o",
-         "key-secret=s0,iter-time=10", tmp_path / "e.luks", "4M")
+    cp = qemu_pbkdf2_retry([qemu_img, "create", "-q", "-f", "luks",
+                            "--object", sec, "-o", "key-secret=s0,iter-time=10",
+                            tmp_path / "e.luks", "4M"])
+    assert cp.returncode == 0, cp.stderr
     qemu_io("--object", sec, "--image-opts", "-c", "write -P 0x3c 0 4M",
             "driver=luks,key-secret=s0,file.filename=e.luks", cwd=tmp_path)
     opts = "driver=luks,key-secret=s0,file.filename=e.luks"

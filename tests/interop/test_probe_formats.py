@@ -19,11 +19,10 @@ import json
 import os
 import shutil
 import struct
-import subprocess
 import zlib
 
 import pytest
-from conftest import cached_dir
+from conftest import cached_dir, qemu_pbkdf2_retry
 
 pytestmark = pytest.mark.qemu
 
@@ -111,13 +110,11 @@ OPENS = {"vdi", "vpc", "vmdk", "vhdx", "luks"}
 
 
 def qemu_create(qemu_img, path, args):
-    # QEMU times LUKS's PBKDF2: a loaded machine may fail it; try again
-    for _ in range(5):
-        cp = subprocess.run([qemu_img, "create", "-q"] + args +
-                            [str(path), "1M"], capture_output=True, text=True)
-        if cp.returncode == 0:
-            return
-    pytest.fail("qemu-img create %s: %s" % (args, cp.stderr))
+    # QEMU times LUKS's PBKDF2: a loaded machine may fail it
+    cp = qemu_pbkdf2_retry([qemu_img, "create", "-q"] + args +
+                           [str(path), "1M"])
+    if cp.returncode != 0:
+        pytest.fail("qemu-img create %s: %s" % (args, cp.stderr))
 
 
 @pytest.fixture(scope="module")

@@ -498,10 +498,7 @@ def test_amend_keyslots(run, qemu_img, blkimg, images, tmp_path, o, secret):
     shutil.copyfile(img, ref)
     args = lambda p: ["amend"] + OBJS + ["--image-opts", opts(p, secret),
                                          "-o", o]
-    for _ in range(5):  # PBKDF2 timing on a loaded machine, as above
-        q = run([qemu_img] + args(ref))
-        if "accurate CPU usage" not in q.stderr:
-            break
+    q = qemu_pbkdf2_retry([qemu_img] + args(ref))
     b = run([blkimg] + args(img))
     assert (b.returncode, b.stdout) == (q.returncode, q.stdout)
     assert b.stderr == q.stderr.replace("qemu-img:", "blkimg:").replace(
