@@ -79,11 +79,13 @@ def test_info_second_keyslot_and_backing_chain(run, qemu_img, blkimg,
     img = tmp_path / "luks.qcow2"
     make(images, img)
     # a second active key slot, added by qemu-img amend
-    run([qemu_img, "amend"] + SECRET +
+    cp = qemu_pbkdf2_retry(
+        [qemu_img, "amend"] + SECRET +
         ["--object", "secret,id=s1,data=other", "--image-opts",
          "driver=qcow2,file.filename=%s,encrypt.key-secret=s0" % img,
          "-o", "encrypt.state=active,encrypt.new-secret=s1,"
-         "encrypt.iter-time=10,encrypt.keyslot=3"], check=True)
+         "encrypt.iter-time=10,encrypt.keyslot=3"])
+    assert cp.returncode == 0, cp.stderr
     q = run([qemu_img, "info", "--output=json", img], check=True)
     b = run([blkimg, "info", "--output=json", img])
     assert b.returncode == 0, b.stderr
