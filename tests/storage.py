@@ -87,6 +87,25 @@ class Storage:
         return "Storage(%s, %s)" % (self.kind, self.dir or self.device)
 
 
+def ofd_locks(path):
+    """The byte ranges (start, end) of OFD locks on path, from /proc/locks:
+    its entries name a file by device and inode ("07:00:131"), and inode
+    numbers repeat across the file systems that parallel tests make, so
+    both must match."""
+    st = os.stat(path)
+    me = "%02x:%02x:%d" % (os.major(st.st_dev), os.minor(st.st_dev),
+                           st.st_ino)
+    out = []
+    with open("/proc/locks") as f:
+        for line in f:
+            p = line.split()
+            if "OFDLCK" not in p or p[-3] != me:
+                continue
+            end = (1 << 62) if p[-1] == "EOF" else int(p[-1])
+            out.append((int(p[-2]), end))
+    return out
+
+
 def _disk_sector_sizes(path):
     """(logical, physical) sector sizes of the device holding path."""
     st = os.stat(path)

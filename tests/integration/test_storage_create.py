@@ -112,17 +112,12 @@ def test_create_keeps_existing_image_when_locked(storage_disk, bi_helper,
 def storage_wait_locked(path, timeout=10.0):
     """Waits until qemu-io holds all its qcow2 read-write lock bytes."""
     import time
-    ino = os.stat(path).st_ino
     want = (100, 101, 103, 201, 203)
     deadline = time.time() + timeout
     while time.time() < deadline:
         got = set()
-        with open("/proc/locks") as f:
-            for line in f:
-                p = line.split()
-                if "OFDLCK" in p and p[-3].endswith(":%d" % ino):
-                    end = (1 << 62) if p[-1] == "EOF" else int(p[-1])
-                    got.update(b for b in want if int(p[-2]) <= b <= end)
+        for start, end in storage.ofd_locks(path):
+            got.update(b for b in want if start <= b <= end)
         if got == set(want):
             return
         time.sleep(0.05)

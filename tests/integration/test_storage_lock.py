@@ -14,6 +14,7 @@ import time
 import pytest
 
 from storage import bi_helper, storage_disk, storage_xfs_4k  # noqa: F401
+from storage import ofd_locks
 
 pytestmark = [pytest.mark.qemu]
 
@@ -27,16 +28,7 @@ def run(*argv):
 
 def locked_bytes(path):
     """Byte ranges of path covered by OFD locks, from /proc/locks."""
-    ino = os.stat(path).st_ino
-    out = []
-    with open("/proc/locks") as f:
-        for line in f:
-            p = line.split()
-            if "OFDLCK" not in p or not p[-3].endswith(":%d" % ino):
-                continue
-            end = (1 << 62) if p[-1] == "EOF" else int(p[-1])
-            out.append((int(p[-2]), end))
-    return out
+    return ofd_locks(path)
 
 
 def wait_locked(path, *byte_list, timeout=10.0):
@@ -168,9 +160,7 @@ def test_no_lock_bytes_after_close(storage_xfs_4k, bi_helper):
     open(path, "wb").close()
     os.truncate(path, 1 << 20)
     assert helper_open(bi_helper, path, "raw", "-t", "none").returncode == 0
-    ino = os.stat(path).st_ino
-    with open("/proc/locks") as f:
-        assert not [line for line in f if ":%d " % ino in line]
+    assert ofd_locks(path) == []
 
 
 def test_qcow2_writer_refuses_sharing_writes(qcow2_image, bi_helper):
