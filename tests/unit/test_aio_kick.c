@@ -106,11 +106,13 @@ static int body(enum bi_aio aio, const char *name)
     pthread_t ths[4];
     for (int i = 0; i < 4; i++)
         pthread_create(&ths[i], NULL, kick_many, NULL);
+    /* at least one wait: the producers may all be done before the first
+     * look at their count (a pending kick ends it at once) */
     int waits = 0;
-    while (atomic_load(&producers_done) < 4) {
+    do {
         bi_aio_wait();
         waits++;
-    }
+    } while (atomic_load(&producers_done) < 4);
     for (int i = 0; i < 4; i++)
         pthread_join(ths[i], NULL);
     ok(waits >= 1 && waits <= atomic_load(&kicks_sent),
