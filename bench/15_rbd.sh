@@ -54,36 +54,19 @@ rbd_empty() {
     rbd create --size "${src_mib}M" "rbd/$IMG"
 }
 
-# series PREP CHECK CONVERT-ARGS...: both tools interleaved, PREP run
-# before each; sets BW BC QW QC, and OK after comparing blkimg's first
-# output CHECK (or "-" for none) with the source.
+# same_as_raw TARGET: prints what is wrong when TARGET is not RAW's copy.
+same_as_raw() {
+    qemu-img compare -q -f raw -F raw "$RAW" "$1" >/dev/null 2>&1 ||
+        echo "qemu-img compare: DIFFERENT"
+}
+
+# series PREP CHECK CONVERT-ARGS...: convert_pair with PREP run before
+# each run, blkimg's first output CHECK (or "-") compared with the source.
 series() {
-    local prep=$1 check=$2 i tool t w u s m
+    local prep=$1 check=$2 verify=-
     shift 2
-    local bw=() bc=() bm=() qw=() qc=() qm=()
-    OK=ok
-    for ((i = 0; i < BENCH_REPS * 2 - 1; i++)); do
-        local order=("$BLKIMG" qemu-img)
-        ((i % 2)) && order=(qemu-img "$BLKIMG")
-        for tool in "${order[@]}"; do
-            $prep
-            drop_caches
-            timed t "$tool" convert "$@"
-            [ -n "$t" ] || { OK="convert FAILED"; continue; }
-            read -r w u s m <<<"$t"
-            if [ "$tool" = qemu-img ]; then
-                qw+=("$w") qc+=("$(awk -v u="$u" -v s="$s" 'BEGIN{print u + s}')") qm+=("$m")
-                continue
-            fi
-            bw+=("$w") bc+=("$(awk -v u="$u" -v s="$s" 'BEGIN{print u + s}')") bm+=("$m")
-            if [ "$i" -eq 0 ] && [ "$check" != - ] &&
-                ! qemu-img compare -q -f raw -F raw "$RAW" "$check" \
-                    >/dev/null 2>&1; then
-                OK="qemu-img compare: DIFFERENT"
-            fi
-        done
-    done
-    pair_summary
+    [ "$check" != - ] && verify="same_as_raw $check"
+    PAIR_PREP=$prep convert_pair $((BENCH_REPS * 2 - 1)) "$verify" "$@"
 }
 
 printf '  %-26s | %7s %7s %5s | %7s %7s | %s\n' case "wall s" qemu ratio \
@@ -98,9 +81,8 @@ row() { # LABEL GOAL
 }
 series rbd_empty "$(name "$IMG")" -n -f raw -O raw "$RAW" "$(name "$IMG")"
 row "raw -> RBD (-n)" 0.8
-rm_out() { rm -f "$OUT"; }
-series rm_out "$OUT" -f raw -O raw "$(name "$IMG")" "$OUT"
+series "" "$OUT" -f raw -O raw "$(name "$IMG")" "$OUT"
 row "RBD -> raw" 0.8
-series rm_out - -f raw -O raw "$(name "$IMG-empty")" "$OUT"
+series "" - -f raw -O raw "$(name "$IMG-empty")" "$OUT"
 row "empty 100 GiB RBD -> raw" 1.0
 note "ratios are blkimg / qemu-img (lower is better)"

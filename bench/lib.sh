@@ -211,7 +211,8 @@ timed_retry() {
 # blkimg's first run, or "-": its failure message, if it prints one,
 # becomes OK. Sets BW BC BM (blkimg's median wall s, median CPU s
 # user+sys, peak RSS MiB), QW QC QM (qemu-img's) and OK ("ok" or what
-# failed).
+# failed). PAIR_PREP, when set, is a command run before each run (an RBD
+# target made empty again, say).
 convert_pair() {
     local reps=$1 verify=$2 i tool t w u s m v
     shift 2
@@ -221,6 +222,7 @@ convert_pair() {
         local order=("$BLKIMG" qemu-img)
         ((i % 2)) && order=(qemu-img "$BLKIMG")
         for tool in "${order[@]}"; do
+            [ -n "${PAIR_PREP:-}" ] && $PAIR_PREP
             timed_retry t "$dst" "$tool" convert "$@"
             if [ -z "$t" ]; then
                 OK="convert FAILED"
